@@ -1,0 +1,37 @@
+# Two commands for learners: `make lab` and `make test`. Everything else is for maintainers and instructors.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.mparlib-installed
+HOST   ?= 127.0.0.1
+PORT   ?= 8888
+PYTEST_ARGS ?=
+
+.PHONY: lab test install notebooks check-notebooks book serve-book bench clean-book
+
+# (Re)install only when the venv is new or pyproject.toml changed: a second `make` installs nothing.
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "mparlib needs Python 3.10 or newer; found " + sys.version.split()[0])'
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --upgrade pip
+	$(PY) -m pip install -e '.[course,test]'
+	$(PY) -m pip install --no-deps d2l==1.0.3
+	$(PY) -m ipykernel install --sys-prefix --name mparlib --display-name "Python (mparlib)"
+	@touch $(STAMP)
+
+install: $(STAMP)
+
+# JupyterLab on this machine only, with token authentication (the URL with the token is printed).
+lab: $(STAMP)
+	$(VENV)/bin/jupyter lab --ServerApp.ip=$(HOST) --ServerApp.port=$(PORT) --ServerApp.root_dir=notebooks
+
+# Unit tests, the browser tests, and nbval over every stored notebook in both languages.
+test: $(STAMP)
+	$(PY) -m pytest --nbval --nbval-current-env --nbval-sanitize-with tests/sanitize.cfg -p no:cacheprovider $(PYTEST_ARGS)
+
+# Rebuild the notebooks from notebooks/src and execute them (NAMES="01_dataparallel" for one chapter).
+notebooks: $(STAMP)
+	$(PY) tools/notebooks.py build $(NAMES)
+
+check-notebooks: $(STAMP)
+	$(PY) tools/notebooks.py check

@@ -1,0 +1,9 @@
+"""mparlib: the shared code of the course "Data parallelism on many GPUs with PyTorch".
+
+A notebook defines what it teaches; this package holds what several chapters reuse.
+"""
+from .devices import num_gpus, profile, profile_line, report, require_gpus, try_all_gpus, try_gpu
+from .lang import lang, tr
+from .timing import Accumulator, Timer
+
+__version__ = "0.1.0"
