@@ -35,3 +35,21 @@ notebooks: $(STAMP)
 
 check-notebooks: $(STAMP)
 	$(PY) tools/notebooks.py check
+
+# The course as a static bilingual book from the stored notebooks: site/en, site/ja (Pagefind search) and
+# site/index.html. EXECUTE=1 re-executes every notebook first; SITE_URL=/course/ when site/ is hosted under a
+# sub-path. (mparlib/book.py runs as a script: `python -m mparlib.book` works too but imports torch first.)
+EXECUTE   ?= 0
+SITE_URL  ?= /
+BOOK_PORT ?= 8000
+
+book: $(STAMP)
+	@if [ "$(EXECUTE)" = 1 ]; then $(PY) tools/notebooks.py build; fi
+	$(PY) mparlib/book.py build --site-url '$(SITE_URL)'
+
+# The built book on this machine only (Pagefind's search needs http, not file://).
+serve-book: book
+	$(PY) mparlib/book.py serve --host $(HOST) --port $(BOOK_PORT)
+
+clean-book:
+	$(PY) mparlib/book.py clean

@@ -57,6 +57,8 @@ def test_japanese_prose_follows_the_glossary_style(name):
         prose = CODE.sub("", text)
         assert "，" not in prose and "．" not in prose, f"ja/{name}: use 、 and 。 (GLOSSARY.md)"
         assert "グラデーション" not in prose, f"ja/{name}: gradient is 勾配 (GLOSSARY.md)"
+        spaced = re.search(r"\d (つ|枚|個|回|行|章|倍|件)", prose)
+        assert not spaced, f"ja/{name}: no space between a number and its counter ({spaced and spaced.group()!r})"
         assert "である。" not in prose, f"ja/{name}: write in です・ます調, not である調"
         body = "\n".join(line for line in prose.splitlines() if not line.lstrip().startswith(("#", "|", "-", "*")))
         if len(JAPANESE.findall(body)) > 80:

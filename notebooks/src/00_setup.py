@@ -30,8 +30,8 @@
 # | 02 ラップしたモジュールの属性 | ラップすると独自メソッドが見えなくなる理由と、チェックポイントの扱い |
 # | 03 プリミティブから作る `data_parallel` | `replicate`、`scatter`、`parallel_apply`、`gather` |
 # | 04 CPU と GPU にまたがるモデル | 埋め込みは CPU に、残りは GPU に置く構成とモデル並列 |
-# | 05 複数 GPU での ResNet-18 | Fashion-MNIST で ResNet-18 を1つのデバイスとすべてのデバイスで訓練する |
-# | 06 DistributedDataParallel | デバイスごとに1個のプロセス、`torchrun`、落ちても失われないチェックポイント |
+# | 05 複数 GPU での ResNet-18 | Fashion-MNIST で ResNet-18 を 1つのデバイスとすべてのデバイスで訓練する |
+# | 06 DistributedDataParallel | デバイスごとに 1個のプロセス、`torchrun`、落ちても失われないチェックポイント |
 # | 07 性能 | 時間がどこで使われているかを調べ、手元のハードウェアを使い切る |
 #
 # 複数の章で使うコードは小さなパッケージ `mparlib` にまとめています。各章で教える内容そのものは、その章のノートブックの中で定義します。
@@ -45,7 +45,7 @@
 # <!-- ja -->
 # ## このノートブックを実行しているマシン
 #
-# `mparlib.report()` はソフトウェアのバージョン、PyTorch から見える GPU、コースのプロファイルを1つの表にまとめて表示します。出力はマシンごとに異なるので、ここに保存されている出力と違っていても問題ありません。
+# `mparlib.report()` はソフトウェアのバージョン、PyTorch から見える GPU、コースのプロファイルを 1つの表にまとめて表示します。出力はマシンごとに異なるので、ここに保存されている出力と違っていても問題ありません。
 
 # %% tags=["nbval-ignore-output"]
 import torch
@@ -73,9 +73,9 @@ print(mparlib.profile_line())
 # <!-- ja -->
 # ## コースのプロファイル
 #
-# Fashion-MNIST 全体で ResNet-18 を訓練すると、GPU なら数分、ノート PC の CPU では数時間かかります。そこで各章は、**コースのプロファイル**という1つの設定から実験の規模を決めます。
+# Fashion-MNIST 全体で ResNet-18 を訓練すると、GPU なら数分、ノート PC の CPU では数時間かかります。そこで各章は、**コースのプロファイル**という 1つの設定から実験の規模を決めます。
 #
-# - `smoke`: 小さな部分集合で1エポックだけ動かし、CPU でも1章が1分ほどで終わります。GPU のないマシンでの既定値です。
+# - `smoke`: 小さな部分集合で 1エポックだけ動かし、CPU でも 1章が 1分ほどで終わります。GPU のないマシンでの既定値です。
 # - `full`: 本来の規模の実験です。PyTorch が GPU を認識している場合の既定値です。
 #
 # プロファイルを選ぶには、Jupyter を起動する前に環境変数を設定します（例: `MPARLIB_PROFILE=full make lab`）。
@@ -100,13 +100,13 @@ assert PROFILE in ("smoke", "full")
 # <!-- ja -->
 # ## デバイス
 #
-# デバイスとは、テンソルが置かれ、カーネルが実行される場所のことです（`cpu`、`cuda:0`、`cuda:1` など）。どの章でも必要になる問いには、次の3つの関数が答えます。
+# デバイスとは、テンソルが置かれ、カーネルが実行される場所のことです（`cpu`、`cuda:0`、`cuda:1` など）。どの章でも必要になる問いには、次の 3つの関数が答えます。
 #
 # - `mparlib.num_gpus()`: PyTorch が使える GPU の枚数を返します。
 # - `mparlib.try_gpu(i)`: GPU `i` があればそれを、なければ CPU を返します。
 # - `mparlib.try_all_gpus()`: すべての GPU を返します。GPU がなければ `[cpu]` を返します。
 #
-# 最後の関数は、d2l 1.0.3 にある同名の関数とは振る舞いが異なります。d2l 版は GPU のないマシンで空のリストを返すため、`devices[0]` がエラーになります。このコースの関数は必ず1つ以上のデバイスを返します。
+# 最後の関数は、d2l 1.0.3 にある同名の関数とは振る舞いが異なります。d2l 版は GPU のないマシンで空のリストを返すため、`devices[0]` がエラーになります。このコースの関数は必ず 1つ以上のデバイスを返します。
 
 # %% tags=["nbval-ignore-output"]
 devices = mparlib.try_all_gpus()
@@ -130,7 +130,7 @@ assert all(d.type == ("cuda" if mparlib.num_gpus() else "cpu") for d in devices)
 # <!-- ja -->
 # ## Fashion-MNIST
 #
-# 各章では Fashion-MNIST で訓練します。衣料品を写した 28x28 ピクセルのグレースケール画像で、訓練用60,000枚とテスト用10,000枚が10クラスに分かれています。`load_fashion_mnist` はまずオフラインでファイルを探し（`$MPARLIB_DATA` のフォルダ、ユーザーのキャッシュ、Debian パッケージ `dataset-fashion-mnist` が置く `/usr/share/datasets/fashion-mnist`）、中身を検査します。どこにも見つからないときだけダウンロードします。戻り値は訓練用とテスト用の2つのミニバッチのイテレータです。
+# 各章では Fashion-MNIST で訓練します。衣料品を写した 28x28 ピクセルのグレースケール画像で、訓練用 60,000枚とテスト用 10,000枚が 10クラスに分かれています。`load_fashion_mnist` はまずオフラインでファイルを探し（`$MPARLIB_DATA` のフォルダ、ユーザーのキャッシュ、Debian パッケージ `dataset-fashion-mnist` が置く `/usr/share/datasets/fashion-mnist`）、中身を検査します。どこにも見つからないときだけダウンロードします。戻り値は訓練用とテスト用の 2つのミニバッチのイテレータです。
 
 # %%
 train_iter, test_iter = load_fashion_mnist(batch_size=18)
@@ -144,7 +144,7 @@ print("labels:", tuple(y.shape), y.dtype)
 # keeps the file order, so the first batch is always the same 18 images. Their class names come from
 # `text_labels`, in the language of this notebook:
 # <!-- ja -->
-# 各バッチは形状が（バッチ、チャンネル、高さ、幅）の画像と整数のラベルからなります。テスト用イテレータはファイルの順序を保つので、最初のバッチはいつも同じ18枚です。クラス名は `text_labels` で取得でき、このノートブックの言語で表示されます。
+# 各バッチは形状が（バッチ、チャンネル、高さ、幅）の画像と整数のラベルからなります。テスト用イテレータはファイルの順序を保つので、最初のバッチはいつも同じ 18枚です。クラス名は `text_labels` で取得でき、このノートブックの言語で表示されます。
 
 # %%
 import matplotlib.pyplot as plt
@@ -154,7 +154,7 @@ for ax, image, name in zip(axes.flat, X, text_labels(y)):
     ax.imshow(image[0], cmap="gray_r")
     ax.set_title(name, fontsize=9)
     ax.axis("off")
-fig.suptitle(tr("The first 18 test images", "テストデータの最初の18枚"))
+fig.suptitle(tr("The first 18 test images", "テストデータの最初の 18枚"))
 plt.show()
 print(text_labels(y[:6]))
 
@@ -172,9 +172,9 @@ print(text_labels(y[:6]))
 # <!-- ja -->
 # ## 学習曲線のライブ表示
 #
-# 訓練ループはエポックごとに進み具合を報告します。`mparlib.plot.Animator` はその値が届くたびにグラフを描きます。JupyterLab では画像を**1枚**だけ表示し、更新のたびにその場で差し替えるため、同じセルで出力したテキストも消えません。スクリプトや `torchrun` の下では PNG ファイルを書き出し、更新ごとに1行を表示します。
+# 訓練ループはエポックごとに進み具合を報告します。`mparlib.plot.Animator` はその値が届くたびにグラフを描きます。JupyterLab では画像を**1枚**だけ表示し、更新のたびにその場で差し替えるため、同じセルで出力したテキストも消えません。スクリプトや `torchrun` の下では PNG ファイルを書き出し、更新ごとに 1行を表示します。
 #
-# 簡単な例として、ソフトマックス回帰（線形層1つ）を訓練データの一部で数エポック訓練し、エポックごとに訓練損失とテスト精度を描きます。
+# 簡単な例として、ソフトマックス回帰（線形層 1つ）を訓練データの一部で数エポック訓練し、エポックごとに訓練損失とテスト精度を描きます。
 
 # %%
 torch.manual_seed(0)
@@ -229,7 +229,7 @@ for _ in range(3):
     with timer:
         B = A @ A
 print(tr(f"1024x1024 matmul on {device}: {timer.avg() * 1e3:.2f} ms on average over {len(timer.times)} runs",
-         f"{device} での1024x1024 の行列積: {len(timer.times)} 回の平均 {timer.avg() * 1e3:.2f} ms"))
+         f"{device} での 1024x1024 の行列積: {len(timer.times)} 回の平均 {timer.avg() * 1e3:.2f} ms"))
 
 # %%
 assert len(timer.times) == 3 and all(t > 0 for t in timer.times)
@@ -253,10 +253,10 @@ assert len(timer.times) == 3 and all(t > 0 for t in timer.times)
 # <!-- ja -->
 # ## まとめ
 #
-# - `mparlib.try_all_gpus()` は必ず1つ以上のデバイスを返します。d2l 1.0.3 の同名の関数は GPU がないと `[]` を返します。
+# - `mparlib.try_all_gpus()` は必ず 1つ以上のデバイスを返します。d2l 1.0.3 の同名の関数は GPU がないと `[]` を返します。
 # - コースのプロファイル（`smoke` または `full`、環境変数 `MPARLIB_PROFILE` で変更）が、各実験の規模をマシンに合わせます。
 # - `load_fashion_mnist` はデータをオフラインで探して検査し、訓練用とテスト用のイテレータを返します。
-# - `Animator` は JupyterLab では1枚の図をその場で更新し、それ以外の環境では PNG を書き出します。
+# - `Animator` は JupyterLab では 1枚の図をその場で更新し、それ以外の環境では PNG を書き出します。
 # - GPU の処理時間は、同期してから測ります。
 #
 # ## 練習問題

@@ -1,0 +1,136 @@
+"""Images per second of the two Fashion-MNIST iterators of mparlib.data over one epoch of the training set.
+
+Claim: the device-resident iterator (the whole set as one uint8 tensor on the device, batches gathered and
+normalised there) delivers batches much faster than the classic DataLoader over a torchvision-style data set
+(one PIL image and one ToTensor per example), so it keeps a training loop from waiting on its input.
+
+Measures only delivering the batches: each batch is touched with a sum (so lazy work cannot be skipped) and CUDA
+is synchronised before the clock is read. No model runs. One untimed warm-up pass over a few batches first.
+Hardware and software are recorded in the JSON written to benchmarks/results/data_iterators-<host kind>.json.
+
+Run: .venv/bin/python benchmarks/data_iterators.py   (needs the real data set: apt-get install dataset-fashion-mnist)
+"""
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torchvision
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from mparlib import data  # noqa: E402
+
+HYPER = {
+    "batch_size": 256,             # as in d2l's Fashion-MNIST chapters
+    "split": "train",              # 60,000 images, last partial batch kept
+    "classic_num_workers": [0, min(4, os.cpu_count() or 1)],  # in-process, and d2l's 4 capped at the CPU count
+    "resize": None,                # 28x28 as stored
+    "warmup_batches": 5,
+    "repeats": 3,                  # epochs timed per iterator; the fastest is reported (others share the CPUs)
+}
+
+
+def timed_epoch(it, device):
+    """Seconds and images for one full pass over ``it``, touching every batch."""
+    total = torch.zeros((), device=device)
+    n = 0
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    sync()
+    start = time.perf_counter()
+    for x, y in it:
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        total += x.sum() + y.sum()
+        n += len(y)
+    sync()
+    return time.perf_counter() - start, n, float(total)
+
+
+def measure(name, make, device):
+    train, _ = make()
+    for i, _batch in enumerate(train):  # warm-up: starts workers, fills caches, initialises CUDA
+        if i + 1 >= HYPER["warmup_batches"]:
+            break
+    runs = [timed_epoch(train, device) for _ in range(HYPER["repeats"])]
+    seconds, n, checksum = min(runs)
+    return {"iterator": name, "device": str(device), "images": n, "seconds": round(seconds, 4),
+            "images_per_s": round(n / seconds), "batches": len(train), "sum": checksum}
+
+
+def git_commit():
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent)
+        return out.stdout.strip() or None
+    except OSError:
+        return None
+
+
+def cpu_model():
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+        return next(line.split(":", 1)[1].strip() for line in lines if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine()
+
+
+def host_kind():
+    if torch.cuda.is_available():
+        name = torch.cuda.get_device_name(0)
+        return re.sub(r"[^a-z0-9]+", "-", f"{torch.cuda.device_count()}x-{name}".lower()).strip("-")
+    return f"cpu-{os.cpu_count()}cores"
+
+
+def main():
+    bs, resize = HYPER["batch_size"], HYPER["resize"]
+    load_before = os.getloadavg()
+    data.read_split(data.locate(download=False), HYPER["split"])  # read and checked once, outside the clock
+    cpu = torch.device("cpu")
+    rows = []
+    for workers in dict.fromkeys(HYPER["classic_num_workers"]):
+        rows.append(measure(f"classic DataLoader, num_workers={workers}", lambda: data.load_fashion_mnist(
+            bs, resize=resize, resident=False, num_workers=workers), cpu))
+    devices = [cpu] + ([torch.device("cuda:0")] if torch.cuda.is_available() else [])
+    for dev in devices:
+        if dev.type == "cuda":
+            rows.append(measure("classic DataLoader -> cuda:0, pinned", lambda: data.load_fashion_mnist(
+                bs, resize=resize, resident=False, device=dev), dev))
+        rows.append(measure(f"resident on {dev}", lambda: data.load_fashion_mnist(
+            bs, resize=resize, resident=True, device=dev), dev))
+    sums = [r["sum"] for r in rows]  # same images and labels in every epoch, up to float summation order
+    assert max(sums) - min(sums) <= 1e-5 * max(sums), f"iterators delivered different data: {rows}"
+    base = rows[0]["images_per_s"]
+    for r in rows:
+        r["speedup_vs_first"] = round(r["images_per_s"] / base, 1)
+
+    result = {
+        "benchmark": "data_iterators",
+        "hyperparameters": HYPER,
+        "hardware": {"host_kind": host_kind(), "cpu": cpu_model(),
+                     "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+                     "load_average_1min_before_after": [round(load_before[0], 2), round(os.getloadavg()[0], 2)],
+                     "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]},
+        "software": {"python": platform.python_version(), "torch": torch.__version__,
+                     "torchvision": torchvision.__version__, "cuda": torch.version.cuda, "os": platform.platform()},
+        "git_commit": git_commit(),
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "results": rows,
+    }
+    out = Path(__file__).parent / "results" / f"data_iterators-{host_kind()}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(result, indent=2) + "\n")
+    os.replace(tmp, out)
+
+    print(f"Fashion-MNIST {HYPER['split']} epoch, batch {bs}, {host_kind()}, torch {torch.__version__}")
+    print(f"{'iterator':<42} {'seconds':>8} {'images/s':>10} {'speed-up':>9}")
+    for r in rows:
+        print(f"{r['iterator']:<42} {r['seconds']:>8.2f} {r['images_per_s']:>10,} {r['speedup_vs_first']:>8.1f}x")
+    print(f"load average (1 min) before/after: {load_before[0]:.1f} / {os.getloadavg()[0]:.1f}; written to {out}")
+
+
+if __name__ == "__main__":
+    main()

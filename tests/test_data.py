@@ -1,0 +1,373 @@
+"""Tests of mparlib.data: the IDX reader and its errors on small files written here, the look-up order, the
+download path (from a local mirror), the two iterators against each other, and the real data set when installed."""
+import gzip
+import hashlib
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from mparlib import data
+
+REAL = data.SYSTEM_DIR
+HAVE_REAL = all((REAL / (s + ".gz")).is_file() or (REAL / s).is_file() for s in data.FILES["train"] + data.FILES["test"])
+needs_real = pytest.mark.skipif(not HAVE_REAL, reason="Fashion-MNIST not installed (apt-get install dataset-fashion-mnist)")
+
+
+def idx_bytes(array, magic=None):
+    """Encode a uint8 tensor as IDX: magic (0x0800 + ndim), big-endian dims, then the bytes."""
+    magic = 0x0800 + array.dim() if magic is None else magic
+    dims = b"".join(int(d).to_bytes(4, "big") for d in array.shape)
+    return magic.to_bytes(4, "big") + dims + array.contiguous().numpy().tobytes()
+
+
+def write(path, raw, gz=False):
+    path = Path(str(path) + (".gz" if gz else ""))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(gzip.compress(raw) if gz else raw)
+    return path
+
+
+def make_set(folder, n_train=40, n_test=12, gz=False, seed=0):
+    """Write a small random Fashion-MNIST-shaped set; return {stem: (tensor, path)}."""
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    for split, n in (("train", n_train), ("test", n_test)):
+        img_stem, lab_stem = data.FILES[split]
+        images = torch.randint(0, 256, (n, 28, 28), dtype=torch.uint8, generator=g)
+        labels = torch.randint(0, 10, (n,), dtype=torch.uint8, generator=g)
+        out[img_stem] = (images, write(Path(folder) / img_stem, idx_bytes(images), gz))
+        out[lab_stem] = (labels, write(Path(folder) / lab_stem, idx_bytes(labels), gz))
+    return out
+
+
+def snapshot(folder):
+    return {p: p.read_bytes() for p in sorted(Path(folder).rglob("*")) if p.is_file()}
+
+
+@pytest.fixture
+def offline(tmp_path, monkeypatch):
+    """No system data, an empty user cache, no $MPARLIB_DATA, and a torchvision mirror that is an empty local folder."""
+    monkeypatch.setattr(data, "SYSTEM_DIR", tmp_path / "system")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.delenv("MPARLIB_DATA", raising=False)
+    from torchvision.datasets import FashionMNIST
+    (tmp_path / "mirror").mkdir()
+    monkeypatch.setattr(FashionMNIST, "mirrors", [(tmp_path / "mirror").as_uri() + "/"])
+    return tmp_path
+
+
+def epoch(it):
+    xs, ys = zip(*list(it))
+    return torch.cat(xs), torch.cat(ys)
+
+
+# ---------------------------------------------------------------- reader
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_read_idx_round_trip_and_checksum_of_content(tmp_path, gz):
+    a = torch.randint(0, 256, (3, 28, 28), dtype=torch.uint8)
+    path = write(tmp_path / "x", idx_bytes(a), gz)
+    t, sha = data.read_idx(path, 3)
+    assert torch.equal(t, a) and t.dtype == torch.uint8
+    assert sha == hashlib.sha256(idx_bytes(a)).hexdigest()  # of the decompressed content, not the .gz bytes
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_small_set_loads_with_verify_false(offline, gz):
+    files = make_set(offline / "mine", gz=gz)
+    train, test = data.load_fashion_mnist(16, root=offline / "mine", verify=False, num_workers=0)
+    for it, split in ((train, "train"), (test, "test")):
+        x, y = epoch(it)
+        assert x.dtype == torch.float32 and y.dtype == torch.int64 and x.shape[1:] == (1, 28, 28)
+        assert 0 <= x.min() and x.max() <= 1
+    x, y = epoch(test)  # test set in file order, ToTensor semantics
+    img, lab = files["t10k-images-idx3-ubyte"][0], files["t10k-labels-idx1-ubyte"][0]
+    assert torch.equal(y, lab.long()) and torch.equal(x[:, 0], img.float() / 255)
+
+
+def test_real_checksums_are_refused_for_other_content(offline):
+    make_set(offline / "mine")
+    with pytest.raises(data.CorruptDataError, match="holds 40 examples; the train set has 60000.*verify=False"):
+        data.load_fashion_mnist(16, root=offline / "mine")
+
+
+def check_error(folder, path, match, **kw):
+    """Loading fails naming `path`, and no file under `folder` is changed or deleted."""
+    before = snapshot(folder)
+    with pytest.raises(data.CorruptDataError, match=match) as e:
+        data.load_fashion_mnist(8, root=folder, num_workers=0, **kw)
+    assert str(path) in str(e.value) and "left unchanged" in str(e.value)
+    assert snapshot(folder) == before
+    return str(e.value)
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_bad_magic(offline, gz):
+    files = make_set(offline / "d", gz=gz)
+    images, path = files["train-images-idx3-ubyte"]
+    write(offline / "d" / "train-images-idx3-ubyte", idx_bytes(images, magic=0x0801), gz)
+    check_error(offline / "d", path, "magic number 0x00000803", verify=False)
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_truncated_file(offline, gz):
+    files = make_set(offline / "d", gz=gz)
+    path = files["t10k-images-idx3-ubyte"][1]
+    path.write_bytes(path.read_bytes()[:-100])  # a cut-off download
+    check_error(offline / "d", path, "decompress" if gz else "is truncated", verify=False)
+
+
+def test_header_cut_and_extra_bytes(offline):
+    files = make_set(offline / "d")
+    path = files["train-labels-idx1-ubyte"][1]
+    path.write_bytes(path.read_bytes()[:6])
+    check_error(offline / "d", path, "end inside the IDX header", verify=False)
+    path.write_bytes(idx_bytes(files["train-labels-idx1-ubyte"][0]) + b"\0")
+    check_error(offline / "d", path, "extra bytes at the end", verify=False)
+
+
+def test_wrong_image_size(offline):
+    files = make_set(offline / "d")
+    path = write(offline / "d" / "train-images-idx3-ubyte", idx_bytes(torch.zeros(40, 32, 32, dtype=torch.uint8)))
+    check_error(offline / "d", path, "32x32 images; Fashion-MNIST's are 28x28", verify=False)
+
+
+def test_label_out_of_range_and_count_mismatch(offline):
+    files = make_set(offline / "d")
+    labels, path = files["t10k-labels-idx1-ubyte"]
+    write(path, idx_bytes(torch.cat([labels[:-1], torch.tensor([10], dtype=torch.uint8)])))
+    check_error(offline / "d", path, "label 10; labels are the classes 0-9", verify=False)
+    write(path, idx_bytes(labels[:-1]))
+    check_error(offline / "d", path, "holds 11 labels but t10k-images-idx3-ubyte holds 12 images", verify=False)
+
+
+def test_checksum_mismatch_on_verified_path(offline, monkeypatch):
+    files = make_set(offline / "d")
+    monkeypatch.setattr(data, "COUNTS", {"train": 40, "test": 12})  # right counts, so only the content differs
+    path = files["train-images-idx3-ubyte"][1]
+    msg = check_error(offline / "d", path, "differs from the original Fashion-MNIST")
+    assert data.SHA256["train-images-idx3-ubyte"] in msg and "verify=False" in msg
+
+
+def test_fix_advice_depends_on_where_the_file_is(offline):
+    files = make_set(data.SYSTEM_DIR)
+    path = files["train-labels-idx1-ubyte"][1]
+    path.write_bytes(b"garbage")
+    before = snapshot(data.SYSTEM_DIR)
+    with pytest.raises(data.CorruptDataError, match="apt-get install --reinstall dataset-fashion-mnist"):
+        data.load_fashion_mnist(8, verify=False)
+    assert snapshot(data.SYSTEM_DIR) == before
+    files = make_set(data.cache_dir())
+    files["train-labels-idx1-ubyte"][1].write_bytes(b"garbage")
+    with pytest.raises(data.CorruptDataError, match="delete or rename it"):
+        data.load_fashion_mnist(8, verify=False)
+
+
+# ---------------------------------------------------------------- look-up and download
+
+
+def test_missing_everywhere_lists_every_place_and_both_remedies(offline):
+    make_set(offline / "partial")
+    (offline / "partial" / "t10k-labels-idx1-ubyte").unlink()
+    with pytest.raises(data.DataNotFoundError) as e:
+        data.load_fashion_mnist(8, root=offline / "partial")
+    msg = str(e.value)
+    for folder in (offline / "partial", data.cache_dir(), data.SYSTEM_DIR):
+        assert f"{folder}  (" in msg and f"{folder / 'FashionMNIST' / 'raw'}  (" in msg
+    assert "found 3 of the 4 files" in msg and "download with torchvision's mirror list" in msg
+    assert "apt-get install dataset-fashion-mnist" in msg and "MPARLIB_DATA" in msg and "Online" in msg
+    assert not list(data.cache_dir().iterdir())  # a failed download leaves nothing behind
+
+
+def test_lookup_order(offline, monkeypatch):
+    sys_files = make_set(data.SYSTEM_DIR, seed=1)
+    first = lambda **kw: epoch(data.load_fashion_mnist(100, verify=False, **kw)[1])[1]
+    assert torch.equal(first(), sys_files["t10k-labels-idx1-ubyte"][0].long())
+    cache_files = make_set(data.cache_dir() / "FashionMNIST" / "raw", seed=2, gz=True)  # torchvision layout
+    assert torch.equal(first(), cache_files["t10k-labels-idx1-ubyte"][0].long())
+    env_files = make_set(offline / "env", seed=3)
+    monkeypatch.setenv("MPARLIB_DATA", str(offline / "env"))
+    assert torch.equal(first(), env_files["t10k-labels-idx1-ubyte"][0].long())
+    root_files = make_set(offline / "root", seed=4)
+    assert torch.equal(first(root=offline / "root"), root_files["t10k-labels-idx1-ubyte"][0].long())
+
+
+def test_download_goes_to_cache_through_temp_names(offline, monkeypatch):
+    files = make_set(offline / "mirror", gz=True)  # the local "mirror" serves .gz files as the real one does
+    monkeypatch.setattr(data, "COUNTS", {"train": 40, "test": 12})
+    sha = {s: hashlib.sha256(idx_bytes(t)).hexdigest() for s, (t, _) in files.items()}
+    monkeypatch.setattr(data, "SHA256", sha)
+    # a file the user already has in the cache (same content, compressed differently) must not be overwritten
+    mine = data.cache_dir() / "train-labels-idx1-ubyte.gz"
+    mine.parent.mkdir(parents=True)
+    mine.write_bytes(gzip.compress(idx_bytes(files["train-labels-idx1-ubyte"][0]), compresslevel=1, mtime=0))
+    before = mine.read_bytes()
+    train, test = data.load_fashion_mnist(8, num_workers=0)
+    assert mine.read_bytes() == before
+    assert sorted(p.name for p in data.cache_dir().iterdir()) == sorted(s + ".gz" for s in files)  # no temp left
+    assert torch.equal(epoch(test)[1], files["t10k-labels-idx1-ubyte"][0].long())
+    for p in (offline / "mirror").iterdir():
+        p.unlink()
+    data.load_fashion_mnist(8)  # served from the cache now, no network needed
+
+
+def test_download_of_wrong_content_is_not_kept(offline):
+    make_set(offline / "mirror", gz=True)  # well-formed, but not Fashion-MNIST
+    with pytest.raises(data.DataNotFoundError, match="not the original data set"):
+        data.load_fashion_mnist(8)
+    assert not list(data.cache_dir().iterdir())
+
+
+# ---------------------------------------------------------------- iterators
+
+
+@pytest.fixture
+def small(offline):
+    return make_set(offline / "d", n_train=45, n_test=13)
+
+
+def load(offline, **kw):
+    return data.load_fashion_mnist(kw.pop("batch_size", 8), root=offline / "d", verify=False, num_workers=0, **kw)
+
+
+def test_classic_and_resident_give_the_same_batches(offline, small):
+    classic = load(offline, resident=False, shuffle_seed=5)
+    resident = load(offline, resident=True, shuffle_seed=5)
+    assert isinstance(classic[0], torch.utils.data.DataLoader) and isinstance(resident[0], data.ResidentLoader)
+    for c, r in zip(classic, resident):
+        assert len(c) == len(r)
+        for _ in range(2):  # two epochs: same order both times
+            for (xc, yc), (xr, yr) in zip(c, r):
+                assert xc.shape == xr.shape and xc.dtype == xr.dtype == torch.float32
+                assert torch.equal(xc, xr) and torch.equal(yc, yr) and yr.dtype == torch.int64
+
+
+def test_each_epoch_is_a_new_permutation_of_the_whole_set(offline, small):
+    train, test = load(offline, resident=True)
+    images = small["train-images-idx3-ubyte"][0]
+    rows = sorted(map(bytes, images.reshape(45, -1).numpy()))
+    orders = []
+    for _ in range(3):
+        x, y = epoch(train)
+        assert [len(b) for b, _ in train] == [8] * 5 + [5]  # last partial batch kept
+        assert sorted(map(bytes, (x * 255).round().to(torch.uint8).reshape(45, -1).numpy())) == rows
+        orders.append(y)
+    assert not torch.equal(orders[0], orders[1]) or not torch.equal(orders[1], orders[2])
+    assert torch.equal(epoch(test)[1], epoch(test)[1])  # test set: file order every time
+    again = load(offline, resident=True)[0]
+    assert torch.equal(epoch(again)[1], orders[0])  # same seed, same first epoch
+
+
+def test_classic_iterator_reshuffles_each_epoch(offline, small):
+    train, _ = load(offline, resident=False, shuffle_seed=None)
+    a, b = epoch(train)[1], epoch(train)[1]
+    assert sorted(a.tolist()) == sorted(b.tolist()) == sorted(small["train-labels-idx1-ubyte"][0].tolist())
+    assert len(a) == 45
+
+
+@pytest.mark.parametrize("resize", [32, (20, 36)])
+def test_resize_matches_between_iterators(offline, small, resize):
+    (c, _), (r, _) = load(offline, resize=resize, resident=False), load(offline, resize=resize, resident=True)
+    hw = (resize, resize) if isinstance(resize, int) else resize
+    for (xc, yc), (xr, yr) in zip(c, r):
+        assert xc.shape[1:] == xr.shape[1:] == (1, *hw)
+        torch.testing.assert_close(xc, xr, rtol=0, atol=1e-6)
+        assert torch.equal(yc, yr)
+
+
+def test_subset_sizes(offline, small):
+    assert [len(it.dataset) for it in load(offline, subset=30)] == [30, 5]
+    train, test = load(offline, subset=(20, 3), resident=True)
+    assert len(train.dataset) == 20 and torch.equal(epoch(test)[1], small["t10k-labels-idx1-ubyte"][0][:3].long())
+    for bad in (0, -1, (5,), (5, 0), True, 2.5):
+        with pytest.raises(ValueError, match="subset="):
+            load(offline, subset=bad)
+    with pytest.raises(ValueError, match="asks for 46 training examples"):
+        load(offline, subset=(46, 1))
+
+
+def test_bad_arguments(offline, small):
+    for kw in ({"batch_size": 0}, {"resize": 0}, {"resize": (28,)}, {"resize": 2.5}):
+        with pytest.raises(ValueError):
+            load(offline, **kw)
+
+
+def test_device_argument(offline, small):
+    train, test = load(offline, device="cpu")
+    assert isinstance(train, data.ResidentLoader) and train.images.device.type == "cpu"
+    train, _ = load(offline, device="cpu", resident=False)
+    x, y = next(iter(train))
+    assert len(train) == 6 and x.device.type == "cpu" and len(train.dataset) == 45
+
+
+def test_worker_processes(offline, small):
+    train, _ = data.load_fashion_mnist(8, root=offline / "d", verify=False, num_workers=1, resident=False)
+    ref, _ = load(offline, resident=True)
+    assert torch.equal(epoch(train)[0], epoch(ref)[0])
+
+
+@pytest.mark.gpu
+def test_resident_on_gpu_matches_classic(offline, small):
+    classic = load(offline, resident=False, resize=40)[0]
+    gpu = load(offline, device="cuda:0", resize=40)[0]
+    for (xc, yc), (xg, yg) in zip(classic, gpu):
+        assert xg.device.type == "cuda" and torch.equal(yc, yg.cpu())
+        torch.testing.assert_close(xc, xg.cpu(), rtol=0, atol=1e-5)
+
+
+def test_text_labels(monkeypatch):
+    assert data.text_labels([0, 9], lang="en") == ["T-shirt/top", "Ankle boot"]
+    assert data.text_labels(torch.tensor([0, 1, 9]), lang="ja") == ["Tシャツ/トップス", "ズボン", "アンクルブーツ"]
+    assert data.text_labels(7, lang="ja") == "スニーカー"
+    monkeypatch.setenv("MPARLIB_LANG", "ja")
+    assert data.text_labels([8]) == ["バッグ"]
+    monkeypatch.setenv("MPARLIB_LANG", "en")
+    assert data.text_labels([8]) == ["Bag"]
+    assert len(set(data.TEXT_LABELS["en"])) == len(set(data.TEXT_LABELS["ja"])) == 10
+    with pytest.raises(ValueError, match="lang="):
+        data.text_labels([0], lang="fr")
+
+
+# ---------------------------------------------------------------- the real data set
+
+
+@needs_real
+@pytest.mark.parametrize("split", ["train", "test"])
+def test_real_data_counts_checksums_and_classes(split):
+    images, labels = data.read_split(REAL, split, verify=True)
+    n = data.COUNTS[split]
+    assert images.shape == (n, 28, 28) and images.dtype == torch.uint8 and labels.dtype == torch.int64
+    assert torch.bincount(labels, minlength=10).tolist() == [n // 10] * 10  # Fashion-MNIST is balanced
+    for stem in data.FILES[split]:
+        path = next(REAL.glob(stem + "*"))
+        raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+        assert hashlib.sha256(raw).hexdigest() == data.SHA256[stem]
+
+
+@needs_real
+def test_real_data_with_one_changed_label_is_refused(tmp_path):
+    for stem in data.FILES["train"] + data.FILES["test"]:
+        src = next(REAL.glob(stem + "*"))
+        os.symlink(src, tmp_path / src.name)
+    path = tmp_path / "train-labels-idx1-ubyte.gz"
+    raw = bytearray(gzip.decompress(path.read_bytes()))
+    raw[8] = (raw[8] + 1) % 10  # one label changed: format, count and range still fine
+    path.unlink()  # our symlink, not the real file
+    path.write_bytes(gzip.compress(bytes(raw)))
+    with pytest.raises(data.CorruptDataError, match="differs from the original Fashion-MNIST") as e:
+        data.read_split(tmp_path, "train", verify=True)
+    assert str(path) in str(e.value)
+    data.read_split(tmp_path, "train", verify=False)  # accepted when asked for
+
+
+@needs_real
+def test_real_iterators_agree():
+    classic = data.load_fashion_mnist(500, root=REAL, subset=(2000, 1000), resident=False, num_workers=0)
+    resident = data.load_fashion_mnist(500, root=REAL, subset=(2000, 1000), resident=True)
+    for c, r in zip(classic, resident):
+        xc, yc = epoch(c)
+        xr, yr = epoch(r)
+        assert torch.equal(xc, xr) and torch.equal(yc, yr)
