@@ -1,10 +1,14 @@
 """The two-command setup: one dependency list for pip and conda, and a second `make` that installs nothing."""
 import re
 import subprocess
-import tomllib
 from pathlib import Path
 
 import yaml
+
+try:
+    import tomllib
+except ImportError:  # Python 3.10
+    import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 
