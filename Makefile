@@ -21,9 +21,10 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-# JupyterLab on this machine only, with token authentication (the URL with the token is printed).
+# JupyterLab on this machine only, with token authentication (the URL with the token is printed and opened in
+# the browser). tests/e2e starts it with the same command.
 lab: $(STAMP)
-	$(VENV)/bin/jupyter lab --ServerApp.ip=$(HOST) --ServerApp.port=$(PORT) --ServerApp.root_dir=notebooks
+	$(PY) tools/lab.py --host $(HOST) --port $(PORT)
 
 # Unit tests, the browser tests, and nbval over every stored notebook in both languages.
 test: $(STAMP)
