@@ -4,8 +4,10 @@ A notebook defines what it teaches; this package holds what several chapters reu
 """
 from .devices import num_gpus, profile, profile_line, report, require_gpus, try_all_gpus, try_gpu
 from .lang import lang, tr
+from .models import Residual, init_weights, resnet18
 from .parallel import (AttrDataParallel, CheckpointMismatchError, data_parallel, gather, load_checkpoint,
                        parallel_apply, replicate, save_checkpoint, scatter, scatter_kwargs, state_dict_of, unwrap)
 from .timing import Accumulator, Timer
+from .train import History, evaluate_accuracy, train
 
 __version__ = "0.1.0"

@@ -1,0 +1,117 @@
+"""mparlib.models: the non-lazy ResNet-18 is d2l's ResNet-18, and init_weights reaches every layer."""
+import pytest
+import torch
+from torch import nn
+
+from mparlib import models
+
+d2l = pytest.importorskip("d2l.torch")
+
+
+def d2l_resnet18(num_classes=10, in_channels=1, size=28):
+    """d2l's model with its lazy parameters created by one forward pass."""
+    net = d2l.resnet18(num_classes, in_channels)
+    net.eval()
+    with torch.no_grad():
+        net(torch.zeros(2, in_channels, size, size))
+    return net
+
+
+def shapes(net):
+    return [(name, tuple(p.shape)) for name, p in net.named_parameters()]
+
+
+def test_resnet18_has_d2l_parameters_in_order():
+    ours, ref = models.resnet18(10), d2l_resnet18(10)
+    assert [s for _, s in shapes(ours)] == [s for _, s in shapes(ref)]
+    assert [n for n, _ in shapes(ours)] == [n for n, _ in shapes(ref)]  # same names too: state dicts interchange
+    count = sum(p.numel() for p in ref.parameters())
+    assert count == 11_175_818
+    assert models.num_params(ours) == count
+    assert [(n, tuple(b.shape)) for n, b in ours.named_buffers()] == [(n, tuple(b.shape)) for n, b in ref.named_buffers()]
+
+
+def test_resnet18_computes_what_d2l_computes():
+    torch.manual_seed(0)
+    ref = d2l_resnet18(10)
+    ours = models.resnet18(10)
+    ours.load_state_dict(ref.state_dict())
+    X = torch.randn(4, 1, 28, 28)
+    for mode in (False, True):  # running statistics, then batch statistics
+        ours.train(mode)
+        ref.train(mode)
+        with torch.no_grad():
+            torch.testing.assert_close(ours(X), ref(X), rtol=0, atol=0)
+
+
+def test_resnet18_other_channels_and_classes():
+    ours, ref = models.resnet18(5, in_channels=3), d2l_resnet18(5, in_channels=3, size=32)
+    assert shapes(ours) == shapes(ref)
+    assert ours(torch.zeros(2, 3, 32, 32)).shape == (2, 5)
+
+
+def test_resnet18_is_not_lazy():
+    net = models.resnet18(10)
+    assert models.lazy_modules(net) == []
+    assert len(models.lazy_modules(d2l.resnet18(10))) == 35  # 19 convolutions and 16 batch norms of the blocks
+    with pytest.raises(ValueError, match="lazy"):
+        models.num_params(d2l.resnet18(10))
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.5, "10"])
+def test_resnet18_rejects_bad_sizes(bad):
+    with pytest.raises(ValueError, match="positive int"):
+        models.resnet18(bad)
+    with pytest.raises(ValueError, match="positive int"):
+        models.resnet18(10, in_channels=bad)
+
+
+def test_residual_shapes_and_shortcut_check():
+    blk = models.Residual(64, 128, use_1x1conv=True, strides=2)
+    assert blk(torch.zeros(2, 64, 28, 28)).shape == (2, 128, 14, 14)
+    assert models.Residual(8, 8)(torch.zeros(1, 8, 5, 5)).shape == (1, 8, 5, 5)
+    with pytest.raises(ValueError, match="use_1x1conv=True"):
+        models.Residual(64, 128)
+
+
+def conv_linear(net):
+    return [m for m in net.modules() if isinstance(m, (nn.Conv2d, nn.Linear))]
+
+
+def test_init_weights_reaches_lazy_layers_that_d2ls_check_skips():
+    torch.manual_seed(0)
+    # d2l's way: a type check before any forward pass only sees the stem convolution and the final layer
+    net = d2l.resnet18(10)
+    seen = [m for m in net.modules() if type(m) in (nn.Linear, nn.Conv2d)]
+    assert len(seen) == 2
+    # ours: materialise with the example, then initialise all 21 layers
+    with pytest.raises(ValueError, match="example"):
+        models.init_weights(net)
+    assert models.init_weights(net, torch.zeros(1, 1, 28, 28)) == 21
+    assert models.lazy_modules(net) == []
+    layers = conv_linear(net)
+    assert len(layers) == 21
+    for m in layers:
+        assert abs(float(m.weight.detach().std()) - 0.01) < 0.0015, m
+        assert m.bias is None or not m.bias.any()
+
+
+def test_init_weights_resets_batch_norm():
+    net = models.resnet18(10)
+    net.train()
+    with torch.no_grad():
+        net(torch.randn(4, 1, 28, 28) * 3 + 1)  # moves the running statistics away from 0 and 1
+    bn = net[1]
+    assert bn.num_batches_tracked == 1 and bn.running_mean.abs().sum() > 0
+    models.init_weights(net)
+    assert bn.num_batches_tracked == 0
+    assert torch.equal(bn.running_mean, torch.zeros(64)) and torch.equal(bn.running_var, torch.ones(64))
+    assert net.training  # init leaves the mode as it was
+
+
+def test_init_weights_keeps_mode_when_materialising():
+    net = nn.Sequential(nn.LazyConv2d(4, 3), nn.LazyBatchNorm2d(), nn.Flatten(), nn.LazyLinear(3))
+    net.train()
+    models.init_weights(net, torch.zeros(2, 1, 6, 6))
+    assert net.training
+    assert net[1].num_batches_tracked == 0  # the example did not count as a training batch
