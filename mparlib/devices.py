@@ -38,13 +38,18 @@ def try_all_gpus():
 
 def require_gpus(n):
     """Return the first ``n`` GPUs, or raise a clear error if the machine has fewer. Explained in 05_multi_gpu_resnet."""
+    from .lang import tr
+
     have = num_gpus()
     if n > have:
-        raise RuntimeError(
+        raise RuntimeError(tr(
             f"This run asks for {n} GPU(s) but PyTorch sees {have}. "
             f"Ask for at most {have}, or pass devices=mparlib.try_all_gpus() to use what exists "
-            f"(the CPU when there is no GPU)."
-        )
+            f"(the CPU when there is no GPU).",
+            f"{n}枚の GPU が必要ですが、PyTorch から見える GPU は {have}枚です。"
+            f"{have}枚以下を指定するか、devices=mparlib.try_all_gpus() で使えるデバイス"
+            f"（GPU がなければ CPU）を使ってください。",
+        ))
     return [torch.device(f"cuda:{i}") for i in range(n)]
 
 

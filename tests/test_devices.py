@@ -29,6 +29,7 @@ def test_try_gpu_falls_back_to_the_cpu_only_for_missing_gpus(monkeypatch):
 
 
 def test_require_gpus_says_how_many_exist(monkeypatch):
+    monkeypatch.setenv("MPARLIB_LANG", "en")
     monkeypatch.setattr(devices, "num_gpus", lambda: 1)
     assert devices.require_gpus(1) == [torch.device("cuda:0")]
     with pytest.raises(RuntimeError, match=r"asks for 2 GPU\(s\) but PyTorch sees 1"):
@@ -64,3 +65,10 @@ def test_report_is_one_table_with_versions_and_profile():
     assert keys[:2] == ["python", "torch"] and "profile" in keys
     assert torch.__version__ in text
     assert sum(k.startswith("cuda:") for k in keys) == mparlib.num_gpus()
+
+
+def test_require_gpus_speaks_japanese_in_the_japanese_edition(monkeypatch):
+    monkeypatch.setenv("MPARLIB_LANG", "ja")
+    monkeypatch.setattr(devices, "num_gpus", lambda: 0)
+    with pytest.raises(RuntimeError, match="2枚の GPU が必要ですが、PyTorch から見える GPU は 0枚です"):
+        devices.require_gpus(2)

@@ -89,8 +89,11 @@ def notebook(cells, lang):
 
 def execute(nb, folder, timeout=1800):
     """Run every cell with the current Python's kernel, in ``folder``; stop at an unexpected error."""
+    import os
+
     from nbclient import NotebookClient
 
+    os.environ["MPARLIB_QUIET"] = "1"  # stored notebooks carry no progress bars (learners see them live)
     client = NotebookClient(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(folder)}},
                             record_timing=False, allow_error_names=[])
     client.execute()
