@@ -14,6 +14,9 @@ def atomic_write_bytes(path, data):
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(fd, 0o666 & ~umask)  # mkstemp makes 0600 files; give the usual permissions of a new file
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()

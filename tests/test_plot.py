@@ -66,3 +66,17 @@ def test_inside_a_kernel_it_shows_one_image_and_updates_it_in_place(tmp_path):
     assert len(images) == 1 and "image/png" in images[0].data and "image/svg+xml" not in images[0].data
     assert "before" in text and "after True" in text, "printed text in the same cell survives the updates"
     assert not (tmp_path / "animator.png").exists(), "inside a kernel no file is written unless asked"
+
+
+def test_files_written_atomically_get_the_usual_permissions(tmp_path):
+    import os
+
+    from mparlib.files import atomic_write_bytes
+
+    umask = os.umask(0o022)
+    try:
+        atomic_write_bytes(tmp_path / "a.bin", b"data")
+    finally:
+        os.umask(umask)
+    assert (tmp_path / "a.bin").read_bytes() == b"data"
+    assert (tmp_path / "a.bin").stat().st_mode & 0o777 == 0o644

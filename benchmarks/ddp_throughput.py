@@ -1,0 +1,137 @@
+"""Training throughput of one process vs DistributedDataParallel, and of DataParallel vs DDP on GPUs.
+
+Claim under test: on a CPU-only machine, 2 gloo processes with one thread each train ResNet-18 (28x28
+Fashion-MNIST-sized inputs) at least about as fast as one process using all cores through PyTorch's threads (the
+cores are the same; DDP adds a gradient all-reduce per step but runs the Python side in parallel). With GPUs, DDP
+with one process per GPU is at least as fast as nn.DataParallel over the same GPUs (PyTorch's documentation
+recommends DDP for speed). One process with one thread is measured too, as the baseline for scaling.
+
+Caveat: on a machine shared with other work, more processes get more of the scheduler's time, which favours DDP;
+the JSON records the load average at the start so that such runs can be recognised.
+
+Hardware and software: recorded in the JSON (CPU count, GPUs, torch version, git commit).
+
+Method: random images and labels of the Fashion-MNIST shape (throughput does not depend on the pixel values),
+SGD steps of forward + backward + update; `warmup` untimed steps, then `steps` timed steps. DDP ranks meet at a
+barrier before and after the timed steps and the clock is read after CUDA synchronisation (mparlib.Timer). Each
+configuration is measured `repeats` times and the best is reported (least disturbed by other load).
+
+    python benchmarks/ddp_throughput.py                 # default settings below
+    python benchmarks/ddp_throughput.py --steps 3 --repeats 1 --batch 16   # a quick run
+Writes benchmarks/results/ddp_throughput-<host>-<date>.json.
+"""
+import argparse
+import json
+import os
+import platform
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from mparlib import ddp  # noqa: E402
+from mparlib.devices import num_gpus  # noqa: E402
+
+HYPER = {
+    "model": "resnet18",
+    "global_batch": 32,  # images per optimizer step, split across the processes (CPU); per GPU x GPUs on GPUs
+    "gpu_batch_per_device": 256,
+    "warmup": 1,
+    "steps": 5,
+    "repeats": 2,
+}
+
+
+def git_commit():
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              timeout=10).stdout.strip() or None
+    except OSError:
+        return None
+
+
+def best(fn, repeats):
+    runs = [fn() for _ in range(repeats)]
+    return max(runs, key=lambda r: r["images_per_s"]) | {"all_images_per_s": [r["images_per_s"] for r in runs]}
+
+
+def cpu_rows(h):
+    cores = os.cpu_count() or 1
+    rows = []
+    torch.set_num_threads(cores)
+    one = best(lambda: ddp.dataparallel_throughput(h["model"], batch_size=h["global_batch"], steps=h["steps"],
+                                                   warmup=h["warmup"], devices=[torch.device("cpu")]), h["repeats"])
+    rows.append({"config": f"1 process, {cores} threads (nn.DataParallel is a pass-through on CPU)", **one})
+    if cores > 1:
+        torch.set_num_threads(1)
+        single = best(lambda: ddp.dataparallel_throughput(h["model"], batch_size=h["global_batch"], steps=h["steps"],
+                                                          warmup=h["warmup"], devices=[torch.device("cpu")]),
+                      h["repeats"])
+        rows.append({"config": "1 process, 1 thread", **single})
+        torch.set_num_threads(cores)
+    for nproc in sorted({2, cores} - {1}):
+        if h["global_batch"] % nproc:
+            continue
+        r = best(lambda: ddp.launch(ddp.throughput_worker, nproc, h["model"], per_rank_batch=h["global_batch"] // nproc,
+                                    steps=h["steps"], warmup=h["warmup"], backend="gloo", echo=False), h["repeats"])
+        rows.append({"config": f"DDP, {nproc} gloo processes x {r['threads']} thread(s)", **r})
+    return rows
+
+
+def gpu_rows(h):
+    n = num_gpus()
+    per = h["gpu_batch_per_device"]
+    rows = []
+    for k in sorted({1, n}):
+        devices = [torch.device("cuda", i) for i in range(k)]
+        r = best(lambda: ddp.dataparallel_throughput(h["model"], batch_size=per * k, steps=h["steps"],
+                                                     warmup=h["warmup"], devices=devices), h["repeats"])
+        rows.append({"config": f"nn.DataParallel over {k} GPU(s)", **r})
+        r = best(lambda: ddp.launch(ddp.throughput_worker, k, h["model"], per_rank_batch=per, steps=h["steps"],
+                                    warmup=h["warmup"], backend="nccl", echo=False), h["repeats"])
+        rows.append({"config": f"DDP, {k} nccl process(es)", **r})
+    return rows
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--batch", type=int, default=HYPER["global_batch"], help="global batch on the CPU")
+    ap.add_argument("--steps", type=int, default=HYPER["steps"])
+    ap.add_argument("--repeats", type=int, default=HYPER["repeats"])
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    args = ap.parse_args(argv)
+    h = dict(HYPER, global_batch=args.batch, steps=args.steps, repeats=args.repeats)
+    t0 = time.time()
+    rows = cpu_rows(h) if num_gpus() == 0 else gpu_rows(h)
+    result = {
+        "benchmark": "ddp_throughput",
+        "claim": " ".join(__doc__.split("\n\n")[1:3]).replace("\n", " "),
+        "hyperparameters": h,
+        "rows": rows,
+        "hardware": {"cpu_count": os.cpu_count(), "machine": platform.machine(), "processor": platform.processor(),
+                     "gpus": [torch.cuda.get_device_name(i) for i in range(num_gpus())],
+                     "load_average_at_start": os.getloadavg() if hasattr(os, "getloadavg") else None},
+        "software": {"python": platform.python_version(), "torch": torch.__version__,
+                     "cuda": torch.version.cuda, "git_commit": git_commit()},
+        "seconds": round(time.time() - t0, 1),
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"ddp_throughput-{socket.gethostname()}-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    from mparlib.files import atomic_write_bytes
+
+    atomic_write_bytes(path, (json.dumps(result, indent=2) + "\n").encode())
+    for r in rows:
+        print(f"{r['config']:<60} {r['images_per_s']:8.1f} images/s")
+    print(f"-> {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,973 @@
+"""DistributedDataParallel: one process per device, started by torchrun, by this module or from a notebook.
+
+The chapter-5 experiment (ResNet-18 on Fashion-MNIST) with DDP, three ways::
+
+    torchrun --nproc_per_node=2 -m mparlib.ddp --epochs 2       # torchrun starts 2 processes
+    python -m mparlib.ddp --nproc 2 --epochs 2                  # this module starts them itself
+    launch(train_worker, 2, DDPConfig(epochs=2))                # from Python or a notebook
+
+Each process: joins the process group (:func:`process_group`), reads its shard of every epoch through a
+``DistributedSampler``, computes gradients on ``global batch / world size`` examples, and DDP averages the
+gradients with an all-reduce during the backward pass. Rank 0 alone prints, plots and writes the checkpoint.
+Explained in 06_ddp.
+"""
+import argparse
+import contextlib
+import dataclasses
+import os
+import signal
+import socket
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn import functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+from .devices import num_gpus
+from .lang import tr
+
+RENDEZVOUS_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+CHECKPOINT_FORMAT = "mparlib.ddp/1"  # the "run" entry of a checkpoint written by train_worker
+
+
+class DDPError(RuntimeError):
+    """A distributed run cannot start or continue; the message says why and how to fix it. Explained in 06_ddp."""
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Backend, ports and the rendezvous variables
+# ---------------------------------------------------------------------------------------------------------------
+
+def choose_backend(backend="auto"):
+    """``"nccl"`` when CUDA GPUs exist, ``"gloo"`` otherwise; an explicit choice is checked. Explained in 06_ddp."""
+    if backend == "auto":
+        return "nccl" if num_gpus() > 0 and dist.is_nccl_available() else "gloo"
+    if backend not in ("gloo", "nccl"):
+        raise DDPError(tr(f"backend={backend!r} is not supported here: use 'auto', 'gloo' (CPU) or 'nccl' (GPUs).",
+                          f"backend={backend!r} には対応していません。'auto'、'gloo'（CPU）、'nccl'（GPU）のいずれかを"
+                          "指定してください。"))
+    if backend == "nccl" and num_gpus() == 0:
+        raise DDPError(tr("The nccl backend needs CUDA GPUs and PyTorch sees none on this machine: "
+                          "use backend 'gloo' (or 'auto', which picks gloo here).",
+                          "nccl バックエンドには CUDA の GPU が必要ですが、このマシンでは PyTorch から GPU が見えません。"
+                          "バックエンドに 'gloo'（または、ここでは gloo を選ぶ 'auto'）を指定してください。"))
+    return backend
+
+
+def check_gpus(backend, nproc):
+    """With nccl every process of this machine needs its own GPU: raise if ``nproc`` exceeds them. Explained in 06_ddp."""
+    if backend == "nccl" and nproc > num_gpus():
+        choose_backend("nccl")  # no GPU at all: that message
+        n = num_gpus()
+        raise DDPError(tr(f"{nproc} processes were asked for on this machine, but it has {n} GPU(s) and the nccl "
+                          f"backend needs one GPU per process. Use at most {n} processes (--nproc {n} or torchrun "
+                          f"--nproc_per_node={n}), or the gloo backend to run the processes on the CPU.",
+                          f"このマシンで {nproc}個のプロセスが指定されましたが、GPU は {n}枚しかありません。nccl "
+                          f"バックエンドでは 1個のプロセスに 1枚の GPU が必要です。プロセスを {n}個以下にする（--nproc {n} "
+                          f"または torchrun --nproc_per_node={n}）か、gloo バックエンドで CPU 上のプロセスとして動かして"
+                          "ください。"))
+
+
+def free_port(host="127.0.0.1"):
+    """A TCP port that is free right now, found by letting the system choose one (bind to port 0). Explained in 06_ddp."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def check_port(port, host="127.0.0.1"):
+    """Raise a clear error if rank 0 could not listen on ``host:port`` (bind test). Explained in 06_ddp."""
+    if not (isinstance(port, int) and 0 < port < 65536):
+        raise DDPError(tr(f"MASTER_PORT={port!r} is not a TCP port: use a number between 1024 and 65535, e.g. 29500.",
+                          f"MASTER_PORT={port!r} は TCP ポートではありません。1024 から 65535 までの数（例: 29500）を"
+                          "指定してください。"))
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a port in TIME_WAIT is usable; a listening one is not
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            other = free_port(host)
+            raise DDPError(tr(
+                f"Port {port} on {host} is already in use ({e.strerror}): another training run or program listens "
+                f"there, and rank 0 must open its rendezvous server on it. Pick another port, e.g. --port {other} "
+                f"(free right now; MASTER_PORT={other} in the environment works too), or --port 0 to let the "
+                "launcher choose a free one. `ss -ltnp` shows which program holds a port.",
+                f"{host} のポート {port} はすでに使われています（{e.strerror}）。別の訓練やプログラムがそこで待ち受けて"
+                f"いますが、ランク 0 はこのポートでランデブーのサーバーを開く必要があります。別のポートを選んでください。"
+                f"例えば --port {other}（今は空いています。環境変数 MASTER_PORT={other} でも指定できます）、または "
+                "--port 0 で空いているポートを自動で選ばせます。どのプログラムがポートを使っているかは `ss -ltnp` で"
+                "わかります。")) from None
+
+
+def rendezvous_env(environ=None):
+    """Read the variables torchrun sets for each process (rank, world size, master address and port). Explained in 06_ddp.
+
+    Without them a process cannot know who it is or where to meet the others, so this raises an error that says
+    how to start the program instead.
+    """
+    env = os.environ if environ is None else environ
+    missing = [k for k in RENDEZVOUS_VARS if not env.get(k)]
+    if missing:
+        raise DDPError(tr(
+            f"The rendezvous variables {', '.join(missing)} are not set, so this process does not know its rank or "
+            "where to meet the others. Start it with torchrun, which sets them for every process:\n"
+            "    torchrun --nproc_per_node=2 -m mparlib.ddp [options]\n"
+            "or let mparlib start the processes itself:\n"
+            "    python -m mparlib.ddp --nproc 2 [options]      (from Python: mparlib.ddp.launch(fn, 2, ...))",
+            f"ランデブーの環境変数 {', '.join(missing)} が設定されていないため、このプロセスは自分のランクも、"
+            "他のプロセスと落ち合う場所もわかりません。各プロセスに変数を設定する torchrun で起動してください:\n"
+            "    torchrun --nproc_per_node=2 -m mparlib.ddp [options]\n"
+            "または mparlib 自身にプロセスを起動させます:\n"
+            "    python -m mparlib.ddp --nproc 2 [options]      （Python からは mparlib.ddp.launch(fn, 2, ...)）"))
+    try:
+        info = {k.lower(): int(env[k]) for k in ("RANK", "WORLD_SIZE", "MASTER_PORT")}
+        info["local_rank"] = int(env.get("LOCAL_RANK", info["rank"]))
+        info["local_world_size"] = int(env.get("LOCAL_WORLD_SIZE", info["world_size"]))
+    except ValueError as e:
+        raise DDPError(tr(f"A rendezvous variable is not an integer ({e}); RANK, LOCAL_RANK, WORLD_SIZE and "
+                          "MASTER_PORT must be numbers.",
+                          f"ランデブーの環境変数に整数でない値があります（{e}）。RANK、LOCAL_RANK、WORLD_SIZE、"
+                          "MASTER_PORT は数でなければなりません。")) from None
+    info["master_addr"] = env["MASTER_ADDR"]
+    if not 0 <= info["rank"] < info["world_size"]:
+        raise DDPError(tr(f"RANK={info['rank']} is outside 0..WORLD_SIZE-1 (WORLD_SIZE={info['world_size']}).",
+                          f"RANK={info['rank']} が 0 から WORLD_SIZE-1 の範囲外です（WORLD_SIZE={info['world_size']}）。"))
+    return info
+
+
+@contextlib.contextmanager
+def process_group(backend="auto"):
+    """Join the process group described by the rendezvous variables; always leave it on exit. Explained in 06_ddp.
+
+    Yields a dict ``rank, world_size, local_rank, backend, device``. ``destroy_process_group`` runs on success and
+    on error, so a failing rank does not leave its communicator behind.
+    """
+    info = rendezvous_env()
+    backend = choose_backend(backend)
+    check_gpus(backend, info["local_world_size"])
+    if backend == "nccl":
+        torch.cuda.set_device(info["local_rank"])
+        info["device"] = torch.device("cuda", info["local_rank"])
+    else:
+        info["device"] = torch.device("cpu")
+    info["backend"] = backend
+    dist.init_process_group(backend, rank=info["rank"], world_size=info["world_size"])  # env:// rendezvous
+    try:
+        yield info
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Starting N local processes from Python (and from a notebook)
+# ---------------------------------------------------------------------------------------------------------------
+
+class WorkerFailed(DDPError):
+    """A process started by :func:`launch` failed; the message holds the end of its log. Explained in 06_ddp."""
+
+
+def _check_importable(fn):
+    """Spawned processes find ``fn`` by module and name: reject functions they cannot import."""
+    module, name = getattr(fn, "__module__", None), getattr(fn, "__qualname__", repr(fn))
+    if module in (None, "__main__", "__mp_main__") or "<locals>" in name or "<lambda>" in name:
+        in_main = module in ("__main__", "__mp_main__")
+        where = tr("in a notebook or script (module __main__)" if in_main else "inside another function or as a lambda",
+                   "ノートブックかスクリプト（モジュール __main__）" if in_main else "別の関数の中か lambda")
+        raise DDPError(tr(
+            f"The worker {name!r} is defined {where}, so the new processes cannot find it. A spawned process is a "
+            "fresh Python interpreter: it receives the function as 'module name + function name' (pickle) and "
+            "imports it, and a notebook's __main__ exists only in this kernel. Put the worker in a .py file next to "
+            "the notebook (e.g. my_workers.py), `from my_workers import worker`, and launch that.",
+            f"ワーカー関数 {name!r} は{where}で定義されているため、新しいプロセスからは見つけられません。spawn で"
+            "起動したプロセスはまっさらな Python インタプリタで、関数を「モジュール名 + 関数名」として受け取り"
+            "（pickle）、インポートします。ノートブックの __main__ はこのカーネルの中にしかありません。ワーカー関数を"
+            "ノートブックと同じフォルダの .py ファイル（例: my_workers.py）に書き、`from my_workers import worker` で"
+            "インポートしてから launch に渡してください。"))
+
+
+def _entry(rank, fn, args, kwargs, nproc, host, port, backend, threads, log_path, result_path):
+    """Body of each spawned process: set the variables torchrun would set, join the group, run ``fn``."""
+    log = open(log_path, "a", buffering=1, encoding="utf-8")
+    os.dup2(log.fileno(), 1)  # the process's prints (and C++ warnings) go to its log, not to the notebook
+    os.dup2(log.fileno(), 2)
+    sys.stdout = sys.stderr = log
+    torch.set_num_threads(threads)
+    failed_at = []  # when fn failed, before the teardown: the launcher reports the earliest failure as the cause
+    try:
+        keeper, port = _agree_on_port(rank, host, port, Path(f"{result_path}.port"))  # keeper: kept open until exit
+        os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(nproc), LOCAL_WORLD_SIZE=str(nproc),
+                          MASTER_ADDR=host, MASTER_PORT=str(port), OMP_NUM_THREADS=str(threads))
+        with process_group(backend):
+            try:
+                result = fn(*args, **kwargs)
+            except BaseException:
+                failed_at.append(time.time())
+                raise
+        if rank == 0:
+            torch.save(result, result_path)
+    except DDPError as e:  # a clear message: hand it to the launcher as it is
+        Path(f"{result_path}.failed{rank}").write_text(repr((failed_at or [time.time()])[0]), encoding="utf-8")
+        print(f"error: {e}", flush=True)
+        Path(f"{result_path}.error{rank}").write_text(str(e), encoding="utf-8")
+        os._exit(2)
+    except BaseException:
+        Path(f"{result_path}.failed{rank}").write_text(repr((failed_at or [time.time()])[0]), encoding="utf-8")
+        traceback.print_exc()
+        log.flush()
+        os._exit(1)
+    log.flush()
+    os._exit(0)  # the work is saved and the group left: skip the interpreter's slow teardown of torch (seconds)
+
+
+def _agree_on_port(rank, host, port, port_file, timeout=300.0):
+    """With ``port=0``, rank 0 opens its rendezvous server on a port the system picks and tells the others.
+
+    Choosing a free port in the launcher and opening it seconds later in rank 0 leaves a gap in which another
+    program may take it. Here rank 0 binds first (``TCPStore`` on port 0), writes the port to ``port_file`` and
+    keeps the server; ``init_process_group`` in the same process reuses it (``multi_tenant``).
+    """
+    if port:
+        return None, port
+    if rank == 0:
+        from datetime import timedelta
+
+        keeper = dist.TCPStore(host, 0, None, is_master=True, multi_tenant=True, wait_for_workers=False,
+                               timeout=timedelta(seconds=timeout))
+        tmp = port_file.with_suffix(".tmp")
+        tmp.write_text(str(keeper.port), encoding="utf-8")
+        os.replace(tmp, port_file)
+        return keeper, keeper.port
+    deadline = time.monotonic() + timeout
+    while not port_file.exists():
+        if time.monotonic() > deadline:
+            raise DDPError(tr("Rank 0 did not open its rendezvous server in time.",
+                              "ランク 0 が時間内にランデブーのサーバーを開きませんでした。"))
+        time.sleep(0.05)
+    return None, int(port_file.read_text(encoding="utf-8"))
+
+
+def _tail(path, offset=0, lines=25):
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            text = f.read().decode("utf-8", errors="replace")
+    except OSError:
+        return "(no log)"
+    return "\n".join(text.rstrip().splitlines()[-lines:]) or (
+        "(empty log: the process failed before running any code, e.g. while importing the worker's module; "
+        "its error is printed on the launching program's standard error)")
+
+
+def launch(fn, nproc, *args, backend="auto", port=None, host="127.0.0.1", threads=None, log_dir=None,
+           echo=True, show=None, **kwargs):
+    """Run ``fn(*args, **kwargs)`` in ``nproc`` new local processes and return rank 0's result. Explained in 06_ddp.
+
+    Each process is started fresh (``spawn``), gets the variables torchrun would set (``RANK``, ``WORLD_SIZE``,
+    ``MASTER_ADDR``, ``MASTER_PORT``...), joins the process group and calls ``fn``, which must be importable
+    (defined in a module, not in the notebook). Rank 0's output is echoed here as it comes (``echo``); each rank
+    appends to ``log_dir/rank{r}.log`` (a temporary folder by default). ``show`` names a PNG that rank 0 rewrites
+    (an :class:`~mparlib.plot.Animator` file): inside Jupyter it is displayed and updated live in the cell.
+    ``port=None`` (or 0) lets rank 0 take a free port; a given port is checked first. ``threads`` per process defaults to the CPU
+    cores divided among the processes. If a process fails, the others are stopped and the error says which rank
+    failed and how (a :class:`DDPError` raised by the worker comes back as it is, anything else as
+    :class:`WorkerFailed` with the end of that rank's log).
+    """
+    import multiprocessing
+    import multiprocessing.connection
+
+    _check_importable(fn)
+    if not (isinstance(nproc, int) and not isinstance(nproc, bool) and nproc >= 1):
+        raise DDPError(tr(f"nproc={nproc!r}: the number of processes must be a positive int such as 2.",
+                          f"nproc={nproc!r}: プロセス数は 2 のような正の整数で指定してください。"))
+    backend = choose_backend(backend)
+    check_gpus(backend, nproc)
+    if port in (None, 0):
+        port = 0  # rank 0 lets the system pick a free port and passes it on (see _agree_on_port)
+    else:
+        check_port(port, host)
+    if threads is None:
+        threads = 1 if backend == "nccl" else max(1, (os.cpu_count() or 1) // nproc)
+    with tempfile.TemporaryDirectory(prefix="mparlib-ddp-") as tmp:
+        logs = Path(log_dir) if log_dir is not None else Path(tmp)
+        logs.mkdir(parents=True, exist_ok=True)
+        log_paths = [logs / f"rank{r}.log" for r in range(nproc)]
+        offsets = [p.stat().st_size if p.exists() else 0 for p in log_paths]  # logs are appended to, never erased
+        result_path = Path(tmp) / "result.pt"
+        ctx = multiprocessing.get_context("spawn")
+        procs = [ctx.Process(target=_entry, name=f"ddp-rank{r}",
+                             args=(r, fn, args, kwargs, nproc, host, port, backend, threads, log_paths[r], result_path))
+                 for r in range(nproc)]
+        watcher = _Watcher(log_paths[0] if echo else None, offsets[0], show)
+        ended = []  # ranks that have ended
+        try:
+            for p in procs:
+                p.start()
+            while len(ended) < nproc and all(procs[r].exitcode == 0 for r in ended):
+                multiprocessing.connection.wait([p.sentinel for p in procs if p.exitcode is None], timeout=0.25)
+                ended += [r for r, p in enumerate(procs) if p.exitcode is not None and r not in ended]
+                watcher.poll()
+            if any(procs[r].exitcode != 0 for r in ended):
+                time.sleep(0.5)  # let the partners of a failed rank notice and stop on their own
+                ended += [r for r, p in enumerate(procs) if p.exitcode is not None and r not in ended]
+        except BaseException:  # Ctrl+C or the notebook's stop button: do not leave processes behind
+            _stop(procs)
+            raise
+        codes = {r: procs[r].exitcode for r in ended}  # read before _stop: its own SIGTERMs are not failures
+        _stop(procs)
+        watcher.poll()
+        failed = sorted((r for r in ended if codes[r] != 0), key=lambda r: _failed_at(result_path, r, codes[r]))
+        if failed:
+            for r in failed:
+                err = Path(f"{result_path}.error{r}")
+                if err.exists():
+                    raise DDPError(err.read_text(encoding="utf-8"))
+            first = failed[0]
+            how = tr(", then ", "。").join(_how(r, codes[r]) for r in failed)
+            raise WorkerFailed(tr(f"{how}; the other processes were stopped. End of rank {first}'s log "
+                                  f"({log_paths[first]}):\n{_tail(log_paths[first], offsets[first])}",
+                                  f"{how}。他のプロセスは停止しました。ランク {first} のログの末尾"
+                                  f"（{log_paths[first]}）:\n{_tail(log_paths[first], offsets[first])}"))
+        if not result_path.exists():
+            raise WorkerFailed(tr("Rank 0 finished without a result; end of its log:\n",
+                                  "ランク 0 は結果を返さずに終了しました。ログの末尾:\n") + _tail(log_paths[0], offsets[0]))
+        return torch.load(result_path, weights_only=False)
+
+
+def _failed_at(result_path, rank, code):
+    """When a rank failed: a signal kills at once (it is the cause), an exception is stamped by ``_entry``."""
+    if code < 0:
+        return float("-inf")
+    try:
+        return float(Path(f"{result_path}.failed{rank}").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return float("inf")
+
+
+def _how(rank, code):
+    if code < 0:
+        name = signal.Signals(-code).name
+        return tr(f"rank {rank} was killed by signal {name}", f"ランク {rank} がシグナル {name} で強制終了されました")
+    return tr(f"rank {rank} exited with code {code}", f"ランク {rank} が終了コード {code} で終了しました")
+
+
+def _stop(procs, grace=5.0):
+    """Terminate processes still running (SIGTERM, then SIGKILL after ``grace`` seconds) and reap them all."""
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    deadline = time.monotonic() + grace
+    for p in procs:
+        if p.pid is not None:
+            p.join(max(0.0, deadline - time.monotonic()))
+            if p.is_alive():
+                p.kill()
+                p.join()
+
+
+class _Watcher:
+    """Echo new text of rank 0's log, and (in Jupyter) show rank 0's plot file each time it changes."""
+
+    def __init__(self, log_path, offset, png_path):
+        self.log_path, self.png_path = log_path, Path(png_path) if png_path else None
+        self.offset, self.png_stamp, self.handle = offset, None, None
+        from .plot import in_kernel
+
+        self.kernel = in_kernel()
+
+    def poll(self):
+        if self.log_path is not None and self.log_path.exists():
+            with open(self.log_path, "rb") as f:
+                f.seek(self.offset)
+                data = f.read()
+            cut = data.rfind(b"\n") + 1  # whole lines only
+            if cut:
+                self.offset += cut
+                print(data[:cut].decode("utf-8", errors="replace"), end="", flush=True)
+        if self.kernel and self.png_path is not None and self.png_path.exists():
+            stamp = self.png_path.stat().st_mtime_ns
+            if stamp != self.png_stamp:
+                self.png_stamp = stamp
+                from IPython.display import Image, display
+
+                image = Image(data=self.png_path.read_bytes())
+                if self.handle is None:
+                    self.handle = display(image, display_id=True)
+                else:
+                    self.handle.update(image)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The experiment: data, model, training, checkpoints
+# ---------------------------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class DDPConfig:
+    """Settings of a DDP training run (the command-line options of ``python -m mparlib.ddp``). Explained in 06_ddp.
+
+    ``batch_size`` is the *global* batch: each of the ``W`` processes takes ``batch_size // W`` examples per step.
+    """
+
+    model: str = "resnet18"  # "resnet18" (chapter 5) or "mlp" (small, without BatchNorm)
+    epochs: int = 10
+    batch_size: int = 256  # global, split across the processes
+    lr: float = 0.1
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    subset: tuple = None  # (n_train, n_test): the first examples of each split; None = all
+    resize: int = None
+    seed: int = 0
+    sync_bn: bool = False
+    out: str = "runs/ddp"
+    resume: bool = False
+    data_root: str = None
+    crash_at: tuple = None  # (epoch, step): rank 0 kills itself there, to try --resume
+    plot: bool = True
+
+
+SAME_ON_RESUME = ("model", "batch_size", "lr", "momentum", "weight_decay", "subset", "resize", "seed", "sync_bn")
+
+
+def make_model(name, resize=None):
+    """Build a model by name: ``"resnet18"`` (chapter 5) or ``"mlp"`` (784-64-10, no BatchNorm). Explained in 06_ddp."""
+    from .models import init_weights, resnet18
+
+    side = resize or 28
+    if name == "resnet18":
+        net = resnet18(10, in_channels=1)
+    elif name == "mlp":
+        net = nn.Sequential(nn.Flatten(), nn.Linear(side * side, 64), nn.ReLU(), nn.Linear(64, 10))
+    else:
+        raise DDPError(tr(f"model={name!r} is unknown: use 'resnet18' or 'mlp'.",
+                          f"model={name!r} は不明なモデルです。'resnet18' か 'mlp' を指定してください。"))
+    init_weights(net)
+    return net
+
+
+def load_split_tensors(split, n=None, root=None):
+    """Fashion-MNIST ``split`` as uint8 images ``(N, 28, 28)`` and int64 labels, the first ``n`` examples. Explained in 06_ddp."""
+    from .data import locate, read_split
+
+    images, labels = read_split(locate(root), split)
+    if n is not None:
+        if n > len(labels):
+            raise DDPError(tr(f"{n} {split} examples were asked for; the {split} set has {len(labels)}.",
+                              f"{split} のデータが {n}個指定されましたが、{split} セットには {len(labels)}個しかありません。"))
+        images, labels = images[:n], labels[:n]
+    return images, labels
+
+
+def to_float(x, resize=None):
+    """uint8 images ``(B, 28, 28)`` -> float32 ``(B, 1, H, W)`` in [0, 1], as ``ToTensor`` (and resize). Explained in 06_ddp."""
+    x = x.unsqueeze(1).float().div_(255)
+    if resize:
+        x = F.interpolate(x, size=(resize, resize), mode="bilinear", align_corners=False, antialias=True)
+    return x
+
+
+def check_split(n_examples, global_batch, world_size, what="training"):
+    """Raise a clear error when ``world_size`` processes cannot each get their own data. Explained in 06_ddp."""
+    if global_batch < world_size or global_batch % world_size:
+        lower = max(world_size, global_batch // world_size * world_size)
+        raise DDPError(tr(f"The global batch of {global_batch} cannot be split evenly across {world_size} processes "
+                          f"(each takes batch_size // world_size examples per step). Use a multiple of {world_size}, "
+                          f"e.g. {lower} or {lower + world_size}.",
+                          f"全体のバッチサイズ {global_batch} は {world_size}個のプロセスに均等に分けられません（各プロセスは "
+                          f"1ステップで batch_size // world_size 個のデータを使います）。{world_size} の倍数（例: {lower} "
+                          f"や {lower + world_size}）を指定してください。"))
+    check_shards(n_examples, world_size, what)
+
+
+def check_shards(n_examples, world_size, what="training"):
+    """Raise a clear error when a split has fewer examples than processes. Explained in 06_ddp."""
+    if n_examples < world_size:
+        what_ja = {"training": "訓練", "test": "テスト", "batch": "バッチ"}.get(what, what)
+        raise DDPError(tr(f"The {what} set has {n_examples} example(s) but the run has {world_size} processes, so at "
+                          f"least one rank would have no data of its own (DistributedSampler would only repeat "
+                          f"other ranks' examples). Use at least {world_size} examples or at most {n_examples} "
+                          "processes.",
+                          f"{what_ja}データは {n_examples}個しかないのに、プロセスは {world_size}個あります。そのため、"
+                          f"自分専用のデータを持たないランクができてしまいます（DistributedSampler は他のランクのデータを"
+                          f"繰り返すだけです）。データを {world_size}個以上にするか、プロセスを {n_examples}個以下にして"
+                          "ください。"))
+
+
+def sampler_state(sampler, next_epoch):
+    """What a ``DistributedSampler`` needs to reproduce its next epoch: seed, epoch and layout. Explained in 06_ddp."""
+    return {"seed": sampler.seed, "epoch": next_epoch, "shuffle": sampler.shuffle, "drop_last": sampler.drop_last,
+            "num_replicas": sampler.num_replicas}
+
+
+def _log(rank, *msg):
+    if rank == 0:
+        print(*msg, flush=True)
+
+
+def _sync_bn_on_cpu():
+    return tr("--sync-bn converts BatchNorm to SyncBatchNorm, which works only on GPUs (PyTorch rejects CPU tensors "
+              "in it); this run uses gloo on the CPU. Drop --sync-bn, or run on GPUs with nccl.",
+              "--sync-bn は BatchNorm を SyncBatchNorm に置き換えますが、SyncBatchNorm は GPU でしか動きません"
+              "（PyTorch は CPU のテンソルを受け付けません）。この実行は CPU 上の gloo を使います。--sync-bn を外すか、"
+              "nccl で GPU 上で実行してください。")
+
+
+def _validate(cfg):
+    if cfg.model not in ("resnet18", "mlp"):
+        raise DDPError(tr(f"model={cfg.model!r} is unknown: use 'resnet18' or 'mlp'.",
+                          f"model={cfg.model!r} は不明なモデルです。'resnet18' か 'mlp' を指定してください。"))
+    if cfg.epochs < 1:
+        raise DDPError(tr(f"epochs={cfg.epochs}: train for at least 1 epoch.",
+                          f"epochs={cfg.epochs}: 1エポック以上を指定してください。"))
+    if cfg.lr <= 0:
+        raise DDPError(tr(f"lr={cfg.lr}: the learning rate must be positive, e.g. 0.1.",
+                          f"lr={cfg.lr}: 学習率は 0.1 のような正の数で指定してください。"))
+    if cfg.subset is not None and (len(cfg.subset) != 2 or min(cfg.subset) < 1):
+        raise DDPError(tr(f"subset={cfg.subset!r}: use (n_train, n_test) with positive numbers, e.g. (1024, 256).",
+                          f"subset={cfg.subset!r}: (訓練データ数, テストデータ数) を正の数で指定してください"
+                          "（例: (1024, 256)）。"))
+
+
+def _checkpoint_path(cfg):
+    return Path(cfg.out) / "checkpoint.pt"
+
+
+def _check_out(cfg):
+    """Refuse to overwrite an existing run without --resume; refuse --resume without a checkpoint."""
+    path = _checkpoint_path(cfg)
+    if cfg.resume and not path.exists():
+        raise DDPError(tr(f"--resume was given but {path} does not exist: start without --resume, or point --out at "
+                          "the folder of the run to continue.",
+                          f"--resume が指定されましたが、{path} がありません。--resume なしで始めるか、--out に続けたい"
+                          "訓練のフォルダを指定してください。"))
+    if not cfg.resume and path.exists():
+        raise DDPError(tr(f"{path} already exists and would be overwritten. Continue that run with --resume, or "
+                          "choose another folder with --out.",
+                          f"{path} がすでにあり、上書きしてしまいます。その訓練を --resume で続けるか、--out で別の"
+                          "フォルダを選んでください。"))
+
+
+def train_worker(cfg):
+    """Train ``cfg.model`` with DDP in this process (one rank of many); rank 0 returns the history. Explained in 06_ddp.
+
+    Call it inside :func:`process_group` (``launch`` and ``main`` do). Returns, on every rank, a dict with
+    ``history`` (one dict per epoch), ``checkpoint``, ``world_size``, ``backend`` and ``per_rank_batch``.
+    """
+    from .timing import Timer
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    _validate(cfg)
+    check_split(cfg.subset[0] if cfg.subset else 60_000, cfg.batch_size, world)
+    if cfg.subset:
+        check_shards(cfg.subset[1], world, what="test")
+    if cfg.sync_bn and device.type != "cuda":
+        raise DDPError(_sync_bn_on_cpu())
+    ckpt = _read_checkpoint(cfg, rank)  # rank 0 reads it and sends it to all: other hosts need no copy of the file
+    per_rank = cfg.batch_size // world
+
+    # Data: every rank holds the (small) data set; the sampler gives each rank its own shard of every epoch.
+    n_train, n_test = cfg.subset or (None, None)
+    train_x, train_y = load_split_tensors("train", n_train, cfg.data_root)
+    test_x, test_y = load_split_tensors("test", n_test, cfg.data_root)
+    train_set = TensorDataset(train_x, train_y)
+    sampler = DistributedSampler(train_set, num_replicas=world, rank=rank, shuffle=True, seed=cfg.seed)
+    loader = DataLoader(train_set, batch_size=per_rank, sampler=sampler)
+    test_idx = torch.arange(rank, len(test_y), world)  # evaluation: rank r takes examples r, r+W, ... (no padding)
+
+    # Model: the same seed everywhere, and DDP broadcasts rank 0's parameters when it wraps the model anyway.
+    torch.manual_seed(cfg.seed)
+    net = make_model(cfg.model, cfg.resize)
+    if cfg.sync_bn:
+        net = nn.SyncBatchNorm.convert_sync_batchnorm(net)
+    net.to(device)
+    optimizer = torch.optim.SGD(net.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+    start_epoch, history = 0, []
+    if ckpt is not None:  # every rank loads it: the optimizer state (momentum) lives in each process
+        _check_resume(ckpt, cfg, world, rank)
+        net.load_state_dict(ckpt["model"])
+        optimizer.load_state_dict(ckpt["optimizer"])
+        torch.set_rng_state(ckpt["rng"].cpu())
+        start_epoch, history = ckpt["epoch"], ckpt["history"]
+    model = DDP(net, device_ids=[device.index] if device.type == "cuda" else None)
+
+    _log(rank, f"DDP: {world} processes, backend {dist.get_backend()}, global batch {cfg.batch_size} "
+               f"= {world} x {per_rank}, {len(train_set)} training examples"
+               + (f", resuming after epoch {start_epoch}" if start_epoch else ""))
+    animator = None
+    if rank == 0 and cfg.plot:
+        from .plot import Animator
+
+        animator = Animator(xlabel=tr("epoch", "エポック"), xlim=[1, cfg.epochs],
+                            legend=[tr("train loss", "訓練損失"), tr("train acc", "訓練精度"),
+                                    tr("test acc", "テスト精度")],
+                            title=tr(f"DDP, {world} processes ({dist.get_backend()})",
+                                     f"DDP、{world}個のプロセス（{dist.get_backend()}）"),
+                            path=Path(cfg.out) / "plot.png", display=False)
+        for h in history:
+            animator.add(h["epoch"], (h["train_loss"], h["train_acc"], h["test_acc"]))
+    loss_fn = nn.CrossEntropyLoss()
+    timer = Timer(device)
+    for epoch in range(start_epoch, cfg.epochs):
+        sampler.set_epoch(epoch)  # a new shuffle each epoch, the same on every rank; without it every epoch repeats
+        model.train()
+        stats = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, correct, examples (this rank)
+        timer.start()
+        for step, (x, y) in enumerate(loader):
+            if cfg.crash_at and rank == 0 and (epoch + 1, step + 1) == tuple(cfg.crash_at):
+                print(f"simulated crash: rank 0 kills itself at epoch {epoch + 1}, step {step + 1}", flush=True)
+                os.kill(os.getpid(), signal.SIGKILL)
+            x, y = to_float(x, cfg.resize).to(device, non_blocking=True), y.to(device, non_blocking=True)
+            optimizer.zero_grad(set_to_none=True)
+            logits = model(x)  # (per_rank, 10)
+            loss = loss_fn(logits, y)  # mean over this rank's examples
+            loss.backward()  # DDP all-reduces (averages) the gradients bucket by bucket during backward
+            optimizer.step()
+            with torch.no_grad():
+                stats += torch.stack([loss.detach().double() * len(y), (logits.argmax(1) == y).sum().double(),
+                                      torch.tensor(float(len(y)), dtype=torch.float64, device=device)])
+        seconds = timer.stop()
+        dist.all_reduce(stats)  # sum over ranks
+        test_acc = evaluate(net, test_x, test_y, test_idx, per_rank * 2, device, cfg.resize)
+        h = {"epoch": epoch + 1, "train_loss": float(stats[0] / stats[2]), "train_acc": float(stats[1] / stats[2]),
+             "test_acc": test_acc, "seconds": seconds, "images_per_s": float(stats[2]) / seconds}
+        history.append(h)
+        if rank == 0:
+            from .parallel import save_checkpoint
+
+            # The chapter-2 checkpoint format (model without the "module." prefix, written to a temporary file and
+            # renamed, so a crash never leaves half a file), plus what resuming needs.
+            save_checkpoint(net, _checkpoint_path(cfg), run=CHECKPOINT_FORMAT, epoch=epoch + 1,
+                            optimizer=optimizer.state_dict(), sampler=sampler_state(sampler, epoch + 1),
+                            rng=torch.get_rng_state(), history=history, world_size=world,
+                            config={k: v for k, v in dataclasses.asdict(cfg).items() if k in SAME_ON_RESUME})
+            print(f"epoch {epoch + 1}/{cfg.epochs}: train loss {h['train_loss']:.3f}, train acc {h['train_acc']:.3f},"
+                  f" test acc {h['test_acc']:.3f}, {h['images_per_s']:.1f} images/s", flush=True)
+            if animator is not None:
+                animator.add(epoch + 1, (h["train_loss"], h["train_acc"], h["test_acc"]))
+    return {"history": history, "checkpoint": str(_checkpoint_path(cfg)), "world_size": world,
+            "backend": dist.get_backend(), "per_rank_batch": per_rank}
+
+
+def _read_checkpoint(cfg, rank):
+    """Rank 0 checks ``--out``/``--resume`` and reads the checkpoint; every rank gets the same answer."""
+    box = [None, None]  # error message, checkpoint
+    if rank == 0:
+        try:
+            _check_out(cfg)
+            if cfg.resume:
+                box[1] = torch.load(_checkpoint_path(cfg), map_location="cpu", weights_only=True)
+        except DDPError as e:
+            box[0] = str(e)
+        except Exception as e:  # a damaged or foreign file
+            box[0] = tr(f"{_checkpoint_path(cfg)} cannot be read as a checkpoint ({type(e).__name__}: {e}). It was "
+                        "left unchanged; start a new run in another --out.",
+                        f"{_checkpoint_path(cfg)} をチェックポイントとして読めません（{type(e).__name__}: {e}）。"
+                        "ファイルはそのままにしてあります。別の --out で新しい訓練を始めてください。")
+    dist.broadcast_object_list(box, src=0)
+    if box[0] is not None:
+        raise DDPError(box[0])
+    return box[1]
+
+
+def _check_resume(ckpt, cfg, world, rank):
+    if ckpt.get("run") != CHECKPOINT_FORMAT:
+        raise DDPError(tr(f"{_checkpoint_path(cfg)} was not written by a mparlib.ddp training run, so it cannot be "
+                          "resumed; it was left unchanged. Start a new run in another --out.",
+                          f"{_checkpoint_path(cfg)} は mparlib.ddp の訓練が書いたものではないので、再開できません。"
+                          "ファイルはそのままにしてあります。別の --out で新しい訓練を始めてください。"))
+    now = {k: v for k, v in dataclasses.asdict(cfg).items() if k in SAME_ON_RESUME}
+    diff = [f"{k}: checkpoint {ckpt['config'].get(k)!r}, now {now[k]!r}" for k in SAME_ON_RESUME
+            if _norm(ckpt["config"].get(k)) != _norm(now[k])]
+    if diff:
+        raise DDPError(tr("--resume continues a run with the same settings, but these differ: ",
+                          "--resume は同じ設定で訓練を続けますが、次の設定が異なります: ") + "; ".join(diff)
+                       + tr(". Pass the original values (only --epochs may grow), or start a new run in another --out.",
+                            "。元の値を指定する（増やしてよいのは --epochs だけです）か、別の --out で新しい訓練を"
+                            "始めてください。"))
+    if ckpt["world_size"] != world:
+        _log(rank, f"note: the checkpoint was written by {ckpt['world_size']} processes and {world} continue it; "
+                   "the training continues, but the data order differs from an uninterrupted run.")
+    if ckpt["epoch"] >= cfg.epochs:
+        _log(rank, f"the checkpoint has already completed {ckpt['epoch']} of {cfg.epochs} epochs: nothing to do "
+                   "(raise --epochs to train longer).")
+
+
+def _norm(v):
+    return list(v) if isinstance(v, tuple) else v
+
+
+@torch.no_grad()
+def evaluate(net, images, labels, idx, batch_size, device, resize=None):
+    """Accuracy over all ranks: each rank scores its examples ``idx``, the counts are summed. Explained in 06_ddp.
+
+    Uses the unwrapped model: DDP's forward may synchronise with the other ranks, which evaluation does not need.
+    """
+    for b in net.buffers():  # BatchNorm statistics: evaluate every shard with rank 0's (those in the checkpoint)
+        dist.broadcast(b, src=0)
+    net.eval()
+    counts = torch.zeros(2, dtype=torch.float64, device=device)  # correct, examples
+    for start in range(0, len(idx), batch_size):
+        i = idx[start:start + batch_size]
+        x, y = to_float(images[i], resize).to(device), labels[i].to(device)
+        counts += torch.stack([(net(x).argmax(1) == y).sum().double(), torch.tensor(float(len(i)), device=device,
+                                                                                     dtype=torch.float64)])
+    dist.all_reduce(counts)
+    net.train()
+    return float(counts[0] / counts[1])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Small workers for the chapter: one step, and throughput
+# ---------------------------------------------------------------------------------------------------------------
+
+def one_step_worker(x, y, lr=0.1, seed=0, model="mlp"):
+    """One SGD step of DDP where rank r trains on its slice of the batch ``x, y``; returns the new parameters.
+
+    The slices are contiguous: rank r of W takes rows ``r*B/W .. (r+1)*B/W``. Explained in 06_ddp.
+    """
+    rank, world = dist.get_rank(), dist.get_world_size()
+    check_split(len(y), len(y), world, what="batch")
+    torch.manual_seed(seed)
+    net = make_model(model)
+    ddp_net = DDP(net)
+    share = len(y) // world
+    xs, ys = x[rank * share:(rank + 1) * share], y[rank * share:(rank + 1) * share]
+    optimizer = torch.optim.SGD(ddp_net.parameters(), lr=lr)
+    loss = nn.functional.cross_entropy(ddp_net(xs), ys)
+    loss.backward()
+    optimizer.step()
+    return {k: v.detach().clone() for k, v in net.state_dict().items()}
+
+
+def _synthetic_batch(n, resize=None, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    side = resize or 28
+    return torch.rand(n, 1, side, side, generator=g), torch.randint(0, 10, (n,), generator=g)
+
+
+def throughput_worker(model="resnet18", per_rank_batch=16, steps=3, warmup=1, resize=None):
+    """Training images per second of DDP over all ranks (random images, SGD steps). Explained in 06_ddp."""
+    from .timing import Timer
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    torch.manual_seed(0)
+    net = DDP(make_model(model, resize).to(device), device_ids=[device.index] if device.type == "cuda" else None)
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.01)
+    x, y = _synthetic_batch(per_rank_batch, resize, seed=rank)
+    x, y = x.to(device), y.to(device)
+    timer = Timer(device)
+    for i in range(warmup + steps):
+        if i == warmup:
+            dist.barrier()
+            timer.start()
+        optimizer.zero_grad(set_to_none=True)
+        nn.functional.cross_entropy(net(x), y).backward()
+        optimizer.step()
+    dist.barrier()
+    seconds = timer.stop()
+    return {"images_per_s": steps * per_rank_batch * world / seconds, "seconds": seconds, "world_size": world,
+            "per_rank_batch": per_rank_batch, "backend": dist.get_backend(), "threads": torch.get_num_threads()}
+
+
+def dataparallel_throughput(model="resnet18", batch_size=32, steps=3, warmup=1, resize=None, devices=None):
+    """Training images per second of ``nn.DataParallel`` in this process (the chapter-5 way). Explained in 06_ddp.
+
+    On a machine without GPUs ``DataParallel`` simply calls the model: one process using the CPU's threads.
+    """
+    from .devices import try_all_gpus
+    from .timing import Timer
+
+    devices = devices or try_all_gpus()
+    torch.manual_seed(0)
+    net = make_model(model, resize).to(devices[0])
+    net = nn.DataParallel(net, device_ids=[d.index for d in devices] if devices[0].type == "cuda" else None)
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.01)
+    x, y = _synthetic_batch(batch_size, resize)
+    x, y = x.to(devices[0]), y.to(devices[0])
+    timer = Timer(devices[0])
+    for i in range(warmup + steps):
+        if i == warmup:
+            timer.start()
+        optimizer.zero_grad(set_to_none=True)
+        nn.functional.cross_entropy(net(x), y).backward()
+        optimizer.step()
+    seconds = timer.stop()
+    return {"images_per_s": steps * batch_size / seconds, "seconds": seconds, "devices": [str(d) for d in devices],
+            "threads": torch.get_num_threads()}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The chapter's figure
+# ---------------------------------------------------------------------------------------------------------------
+
+def overview_figure():
+    """Schematic: DataParallel's threads vs DDP's processes, and bucketed all-reduce overlapping backward. Explained in 06_ddp."""
+    from matplotlib.figure import Figure
+    from matplotlib.patches import FancyBboxPatch
+
+    fig = Figure(figsize=(10, 6.2))
+    top, bottom = fig.add_axes([0.01, 0.40, 0.98, 0.58]), fig.add_axes([0.17, 0.08, 0.81, 0.27])
+    top.set_xlim(0, 100)
+    top.set_ylim(0, 60)
+    top.axis("off")
+
+    def box(ax, x, y, w, h, text, color, size=9):
+        ax.add_patch(FancyBboxPatch((x, y), w, h, boxstyle="round,pad=0.4", fc=color, ec="0.3", lw=0.8))
+        ax.text(x + w / 2, y + h / 2, text, ha="center", va="center", fontsize=size)
+
+    # Left: DataParallel, one process with a thread per GPU; GPU 0 scatters, gathers and replicates every step.
+    box(top, 1, 2, 45, 50, "", "#f3f3f3")
+    top.text(23.5, 56, tr("DataParallel: 1 process, 1 thread per GPU", "DataParallel: 1個のプロセス、GPU ごとに 1本のスレッド"),
+             ha="center", fontsize=10)
+    box(top, 5, 40, 37, 7, tr("Python interpreter (one GIL)", "Python インタプリタ（GIL は 1 つ）"), "#ffe0b3")
+    for i in range(2):
+        box(top, 5 + 19 * i, 21, 16, 12, tr(f"thread {i}\nreplica {i}", f"スレッド {i}\nレプリカ {i}"), "#fff5cc")
+        box(top, 5 + 19 * i, 6, 16, 8, f"GPU {i}", "#dbe9f6")
+        top.annotate("", (13 + 19 * i, 15), (13 + 19 * i, 20), arrowprops=dict(arrowstyle="->", color="0.3"))
+    top.text(23.5, 36.5, tr("every step: scatter batch, copy model, gather outputs on GPU 0",
+                            "毎ステップ: バッチを分配、モデルを複製、出力を GPU 0 に集約"),
+             ha="center", fontsize=8)
+    # Right: DDP, one process per device; each has its own sampler shard; gradients are all-reduced.
+    box(top, 53, 2, 46, 50, "", "#f3f3f3")
+    top.text(76, 56, tr("DistributedDataParallel: 1 process per device", "DistributedDataParallel: デバイスごとに 1個のプロセス"),
+             ha="center", fontsize=10)
+    for i in range(2):
+        x0 = 57 + 21 * i
+        box(top, x0, 38, 17, 9, tr(f"process {i} (rank {i})\nits own GIL", f"プロセス {i}（ランク {i}）\n専用の GIL"),
+            "#ffe0b3", size=8)
+        box(top, x0, 25, 17, 8, tr(f"sampler shard {i}\nbatch B/2", f"サンプラーの担当分 {i}\nバッチ B/2"), "#e6f2e6", size=8)
+        box(top, x0, 6, 17, 8, tr(f"device {i}", f"デバイス {i}"), "#dbe9f6", size=8)
+        top.annotate("", (x0 + 8.5, 15), (x0 + 8.5, 24), arrowprops=dict(arrowstyle="->", color="0.3"))
+    top.annotate("", (78, 10), (74.6, 10), arrowprops=dict(arrowstyle="<->", color="#c0392b", lw=1.5))
+    top.text(76.3, 17.5, tr("all-reduce\ngradients", "勾配を\nオールリデュース"), ha="center", fontsize=8, color="#c0392b")
+
+    # Bottom: timeline of one backward pass with gradient buckets (schematic, not measured).
+    layers = 6  # backward runs from the last layer (L6) to the first (L1); each bucket holds two layers' gradients
+    for j in range(layers):
+        bottom.barh(1, 1, left=j, color="#7fb3d5", edgecolor="white")
+        bottom.text(j + 0.5, 1, tr(f"grad L{layers - j}", f"勾配 L{layers - j}"), ha="center", va="center", fontsize=8)
+    for b, ready in enumerate((2, 4, 6)):  # a bucket's all-reduce starts when its last gradient is ready
+        bottom.barh(0, 1.6, left=ready, color="#e59866", edgecolor="white")
+        bottom.text(ready + 0.8, 0, tr(f"all-reduce\nbucket {b}", f"バケット {b} を\nオールリデュース"), ha="center",
+                    va="center", fontsize=7)
+    bottom.set_yticks([0, 1], [tr("communication", "通信"), tr("backward\n(compute)", "逆伝播\n（計算）")])
+    bottom.set_xlim(0, 8)
+    bottom.set_xticks([])
+    bottom.set_xlabel(tr("time (schematic) -> a bucket's all-reduce starts as soon as its gradients exist",
+                         "時間（模式図）→ バケットの勾配がそろい次第、そのオールリデュースが始まる"), fontsize=9)
+    for s in ("top", "right"):
+        bottom.spines[s].set_visible(False)
+    return fig
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Command line
+# ---------------------------------------------------------------------------------------------------------------
+
+def _pair(text):
+    try:
+        parts = [int(p) for p in text.replace(":", ",").split(",")]
+    except ValueError:
+        parts = []
+    if len(parts) == 1:
+        parts = [parts[0], max(1, parts[0] // 6)]
+    if len(parts) != 2 or min(parts) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: use N (N training and N//6 test examples) or N_TRAIN,N_TEST")
+    return tuple(parts)
+
+
+def _crash(text):
+    try:
+        epoch, step = (int(p) for p in text.split(":"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: use EPOCH:STEP, e.g. 2:1") from None
+    return epoch, step
+
+
+def parser():
+    """The command-line options of ``python -m mparlib.ddp``. Explained in 06_ddp."""
+    d = DDPConfig()
+    ap = argparse.ArgumentParser(
+        prog="python -m mparlib.ddp",
+        description="Train the chapter-5 ResNet-18 on Fashion-MNIST with DistributedDataParallel.",
+        epilog="Start it with `torchrun --nproc_per_node=N -m mparlib.ddp [options]` or with "
+               "`python -m mparlib.ddp --nproc N [options]`.")
+    ap.add_argument("--nproc", type=int, help="start N local processes (not under torchrun)")
+    ap.add_argument("--port", type=int, default=None,
+                    help="rendezvous port for --nproc (default: $MASTER_PORT, else a free port)")
+    ap.add_argument("--backend", default="auto", choices=["auto", "gloo", "nccl"])
+    ap.add_argument("--model", default=d.model, choices=["resnet18", "mlp"])
+    ap.add_argument("--epochs", type=int, default=d.epochs)
+    ap.add_argument("--batch-size", type=int, default=d.batch_size, help="global batch, split across processes")
+    ap.add_argument("--lr", type=float, default=d.lr)
+    ap.add_argument("--momentum", type=float, default=d.momentum)
+    ap.add_argument("--weight-decay", type=float, default=d.weight_decay)
+    ap.add_argument("--subset", type=_pair, default=None, metavar="N[,N_TEST]",
+                    help="use the first N training (and N_TEST test) examples")
+    ap.add_argument("--resize", type=int, default=None)
+    ap.add_argument("--seed", type=int, default=d.seed)
+    ap.add_argument("--sync-bn", action="store_true", help="convert BatchNorm to SyncBatchNorm (GPUs only)")
+    ap.add_argument("--out", default=d.out, help="folder for checkpoint.pt and plot.png (default: %(default)s)")
+    ap.add_argument("--resume", action="store_true", help="continue the run saved in --out")
+    ap.add_argument("--data-root", default=None, help="folder holding the Fashion-MNIST files")
+    ap.add_argument("--crash-at", type=_crash, default=None, metavar="EPOCH:STEP",
+                    help="rank 0 kills itself at that step (to try --resume)")
+    ap.add_argument("--no-plot", dest="plot", action="store_false")
+    return ap
+
+
+def main(argv=None):
+    """Entry point of ``python -m mparlib.ddp`` and ``torchrun -m mparlib.ddp``; returns the exit code. Explained in 06_ddp."""
+    args = parser().parse_args(argv)
+    cfg = DDPConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(DDPConfig)})
+    under_torchrun = "TORCHELASTIC_RUN_ID" in os.environ or all(os.environ.get(k) for k in RENDEZVOUS_VARS)
+    try:
+        if under_torchrun:
+            if args.nproc is not None:
+                raise DDPError(tr("--nproc starts processes, but this one was already started by torchrun: drop "
+                                  "--nproc and use torchrun's --nproc_per_node.",
+                                  "--nproc はプロセスを起動するオプションですが、このプロセスはすでに torchrun が起動"
+                                  "しています。--nproc を外し、torchrun の --nproc_per_node を使ってください。"))
+            with process_group(args.backend):
+                train_worker(cfg)
+            return 0
+        if args.nproc is None:
+            rendezvous_env()  # raises the error that explains how to start
+        _validate(cfg)
+        check_split(cfg.subset[0] if cfg.subset else 60_000, cfg.batch_size, args.nproc)
+        if cfg.subset:
+            check_shards(cfg.subset[1], args.nproc, what="test")
+        if cfg.sync_bn and choose_backend(args.backend) != "nccl":
+            raise DDPError(_sync_bn_on_cpu())
+        _check_out(cfg)
+        if cfg.resume:  # say now, not after starting the processes, if the settings differ from the checkpoint's
+            _check_resume(torch.load(_checkpoint_path(cfg), map_location="cpu", weights_only=True), cfg, args.nproc,
+                          rank=None)
+        port = args.port if args.port is not None else int(os.environ.get("MASTER_PORT", 0) or 0)
+        launch(train_worker, args.nproc, cfg, backend=args.backend, port=port, log_dir=Path(cfg.out) / "logs")
+        return 0
+    except DDPError as e:
+        if int(os.environ.get("LOCAL_RANK", "0") or 0) == 0:  # one message per machine
+            print(f"error: {e}", file=sys.stderr, flush=True)
+        return 1 if isinstance(e, WorkerFailed) else 2
+    except KeyboardInterrupt:
+        if int(os.environ.get("RANK", "0") or 0) == 0:
+            print(tr(f"interrupted; the checkpoint of the last finished epoch stays in {cfg.out}: continue with --resume",
+                     f"中断しました。最後に終わったエポックのチェックポイントは {cfg.out} に残っています。--resume で続けられます"),
+                  file=sys.stderr, flush=True)
+        return 130
+
+
+if __name__ == "__main__":
+    # Run the copy of this module that spawned processes can import (``mparlib.ddp``), not ``__main__``.
+    from mparlib.ddp import main as _main
+
+    sys.exit(_main())

@@ -1,0 +1,562 @@
+# %% [markdown]
+# <!-- en -->
+# # 6. DistributedDataParallel
+#
+# Chapters 1 to 5 used `nn.DataParallel`: one Python process drives all GPUs, with one thread per GPU. PyTorch's
+# documentation recommends `torch.nn.parallel.DistributedDataParallel` (DDP) instead, even on a single machine.
+# DDP runs **one process per device**; the processes train their own copies of the model on their own part of the
+# data and agree on the gradients by communicating. It is also the tool that takes the same program from one
+# machine to many.
+#
+# DDP does not need a GPU: with the `gloo` backend the processes run on the CPU, so everything in this chapter
+# runs on a laptop. In this chapter you will
+#
+# - see what changes from `DataParallel`: processes instead of threads, gradients averaged by all-reduce during
+#   the backward pass, a sampler that gives each process its own data, and the global batch size,
+# - check that two processes working on two halves of a batch compute exactly what one process computes on the
+#   whole batch,
+# - train the chapter-5 ResNet-18 with 2 processes, kill one of them on purpose, and resume from the checkpoint,
+# - compare `DataParallel` and DDP on your machine, and learn the commands for two machines.
+# <!-- ja -->
+# # 6. DistributedDataParallel
+#
+# 1章から 5章では `nn.DataParallel` を使いました。1個の Python プロセスが GPU ごとに 1つのスレッドを立てて、すべての GPU を動かす方式です。PyTorch のドキュメントは、マシンが 1台だけの場合でも、代わりに `torch.nn.parallel.DistributedDataParallel`（DDP）を使うよう勧めています。DDP は**デバイスごとに 1個のプロセス**を動かします。各プロセスは自分のモデルのコピーを自分の担当データで訓練し、通信によって勾配をそろえます。同じプログラムを 1台のマシンから複数台のマシンへ広げるときにも、この DDP を使います。
+#
+# DDP に GPU は必須ではありません。バックエンドに `gloo` を使えばプロセスは CPU 上で動くので、この章の内容はすべてノート PC で実行できます。この章では次のことを学びます。
+#
+# - `DataParallel` から何が変わるのかを確かめます。スレッドではなくプロセスを使うこと、勾配が逆伝播の最中にオールリデュース（all-reduce）で平均されること、サンプラーが各プロセスに専用のデータを配ること、そして全体のバッチサイズです。
+# - 2個のプロセスがミニバッチを半分ずつ計算した結果が、1個のプロセスでミニバッチ全体を計算した結果と一致することを確かめます。
+# - 5章の ResNet-18 を 2個のプロセスで訓練し、途中でわざとプロセスを落としてから、チェックポイントから再開します。
+# - 手元のマシンで `DataParallel` と DDP を比べ、2台のマシンで訓練するためのコマンドを学びます。
+
+# %% tags=["nbval-ignore-output"]
+import dataclasses
+import math
+import tempfile
+from pathlib import Path
+
+import torch
+from IPython.display import Image, display
+from torch.utils.data import DistributedSampler
+
+import mparlib
+from mparlib import ddp
+from mparlib.lang import tr
+from mparlib.plot import figure_png
+
+print(mparlib.report())
+print(mparlib.profile_line())
+PROFILE = mparlib.profile()
+
+# %% [markdown]
+# <!-- en -->
+# The table describes your machine, so it differs from the one stored here. The `smoke` profile trains on a few
+# dozen images with 2 CPU processes, so that the chapter finishes in about a minute; the `full` profile runs the
+# real chapter-5 experiment on all GPUs.
+# <!-- ja -->
+# 上の表はお使いのマシンの情報なので、ここに保存されている出力とは異なります。`smoke` プロファイルでは、2個の CPU プロセスで数十枚の画像だけを訓練し、この章が 1分ほどで終わるようにしています。`full` プロファイルでは、5章の実験を本来の規模ですべての GPU を使って実行します。
+
+# %% [markdown]
+# <!-- en -->
+# ## What changes from DataParallel
+#
+# | | `nn.DataParallel` (chapters 1-5) | `DistributedDataParallel` |
+# |---|---|---|
+# | workers | 1 process, 1 thread per GPU, all sharing one Python interpreter and its GIL | 1 process per device, each with its own interpreter |
+# | copies of the model | copied from GPU 0 to the other GPUs at **every** forward pass | each process builds its own; DDP broadcasts rank 0's parameters **once**, when it wraps the model |
+# | input data | one batch loaded by the process, split (scatter) from GPU 0 | each process loads only its own share, chosen by a `DistributedSampler` |
+# | outputs and loss | collected (gather) on GPU 0, loss computed there | each process computes the loss of its own share |
+# | gradients | summed on GPU 0 | averaged over all processes by all-reduce, bucket by bucket, **during** the backward pass |
+# | optimizer step | once, on GPU 0 | in every process, on the same averaged gradients, so the copies stay identical |
+# | where it runs | the GPUs of one machine | CPUs (`gloo`) or GPUs (`nccl`), on one machine or many |
+#
+# The figure shows the two layouts and, below them, the overlap that makes DDP fast: the backward pass produces
+# gradients from the last layer to the first, DDP groups them into **buckets**, and the all-reduce of a bucket
+# starts as soon as all its gradients exist, while the backward pass keeps computing the earlier layers.
+# <!-- ja -->
+# ## DataParallel から変わること
+#
+# | | `nn.DataParallel`（1章から 5章） | `DistributedDataParallel` |
+# |---|---|---|
+# | 計算の担い手 | 1個のプロセスと GPU ごとのスレッド。すべてのスレッドが 1つの Python インタプリタと GIL を共有 | デバイスごとに 1個のプロセス。それぞれが専用のインタプリタを持つ |
+# | モデルのコピー | 順伝播のたびに GPU 0 から他の GPU へ複製する | 各プロセスが自分で作る。DDP はモデルをラップするときに**1回だけ**ランク 0 のパラメータをブロードキャストする |
+# | 入力データ | 1個のプロセスがミニバッチを読み込み、GPU 0 から分配（scatter）する | 各プロセスが `DistributedSampler` の決めた自分の担当分だけを読み込む |
+# | 出力と損失 | GPU 0 に集約（gather）し、そこで損失を計算する | 各プロセスが自分の担当分の損失を計算する |
+# | 勾配 | GPU 0 で合計する | 逆伝播の**最中に**、バケットごとのオールリデュースで全プロセスの平均をとる |
+# | パラメータの更新 | GPU 0 で 1回 | 各プロセスが同じ平均勾配で更新するので、コピーは常に一致する |
+# | 動く場所 | 1台のマシンの GPU | CPU（`gloo`）または GPU（`nccl`）。マシンは 1台でも複数台でもよい |
+#
+# 下の図は 2つの構成と、DDP を速くしている重なりを示しています。逆伝播は最後の層から最初の層へ向かって勾配を作ります。DDP は勾配を**バケット**にまとめ、バケット内の勾配がそろった時点でそのオールリデュースを始めます。その間も逆伝播は手前の層の計算を続けます。
+
+# %%
+display(Image(figure_png(ddp.overview_figure())))
+
+# %% [markdown]
+# <!-- en -->
+# Three words name the processes. The **world size** is the number of processes; each has a **rank** from 0 to
+# world size - 1; on a machine with several processes, the **local rank** numbers them on that machine and picks
+# the GPU (`cuda:<local rank>`). Together the processes form a **process group**, and the **backend** carries
+# their messages: `nccl` between GPUs, `gloo` between CPU processes. `mparlib.ddp.choose_backend()` takes `nccl`
+# when there are GPUs and `gloo` otherwise.
+#
+# Before they can talk, the processes must find each other: the **rendezvous**. Each process reads its rank and
+# the world size from the environment variables `RANK` and `WORLD_SIZE`, and meets the others at
+# `MASTER_ADDR:MASTER_PORT`, where rank 0 listens. The program `torchrun` sets these variables for every process
+# it starts. A process started without them does not know who it is, and `mparlib.ddp.process_group()` says so:
+# <!-- ja -->
+# プロセスを区別するための用語が 3つあります。**ワールドサイズ**はプロセスの総数です。各プロセスは 0 からワールドサイズ - 1 までの**ランク**を持ちます。1台のマシンで複数のプロセスを動かすときは、そのマシンの中での番号である**ローカルランク**で使う GPU（`cuda:<ローカルランク>`）を決めます。プロセス全体で**プロセスグループ**を作り、プロセス間のメッセージは**バックエンド**が運びます。GPU 間なら `nccl`、CPU のプロセス間なら `gloo` です。`mparlib.ddp.choose_backend()` は GPU があれば `nccl` を、なければ `gloo` を選びます。
+#
+# 通信を始める前に、プロセスどうしが互いを見つける必要があります。これを**ランデブー**と呼びます。各プロセスは環境変数 `RANK` と `WORLD_SIZE` から自分のランクとワールドサイズを読み、ランク 0 が待ち受ける `MASTER_ADDR:MASTER_PORT` で他のプロセスと落ち合います。`torchrun` は起動するすべてのプロセスにこれらの変数を設定します。変数なしで起動したプロセスは自分が誰なのかわからないので、`mparlib.ddp.process_group()` はそのことをエラーで伝えます。
+
+# %%
+print(ddp.choose_backend() == ("nccl" if mparlib.num_gpus() else "gloo"))
+
+# %% tags=["raises-exception"]
+with ddp.process_group():
+    pass
+
+# %% [markdown]
+# <!-- en -->
+# ## The sampler: each process its own share, a new order every epoch
+#
+# With DataParallel one process loads each mini-batch. With DDP each process loads its own share, and a
+# `DistributedSampler` decides which one: all processes draw the **same** random order of the data set (from the
+# same seed), and rank `r` of `W` keeps positions `r, r + W, r + 2W, ...` of it. The shares never overlap, so
+# one epoch still visits every example once.
+#
+# The order is drawn from `seed + epoch`. Call `sampler.set_epoch(epoch)` at the start of every epoch; without
+# it, every epoch repeats the order of the first. Here 10 examples are shared by 2 processes:
+# <!-- ja -->
+# ## サンプラー: 各プロセスに専用の担当分、エポックごとに新しい順序
+#
+# DataParallel では 1個のプロセスがミニバッチを読み込みました。DDP では各プロセスが自分の担当分を読み込み、どれを担当するかは `DistributedSampler` が決めます。すべてのプロセスは同じシードからデータセットの**同じ**ランダムな順序を作り、`W` 個中のランク `r` はその順序の `r, r + W, r + 2W, ...` 番目を受け持ちます。担当分は重ならないので、1エポックで各データをちょうど 1回ずつ使います。
+#
+# 順序は `seed + epoch` から作られます。各エポックの始めに `sampler.set_epoch(epoch)` を呼んでください。呼ばないと、どのエポックも最初のエポックと同じ順序になります。次の例では 10個のデータを 2個のプロセスで分け合います。
+
+# %%
+data = list(range(10))
+samplers = [DistributedSampler(data, num_replicas=2, rank=r, shuffle=True, seed=0) for r in range(2)]
+for epoch in range(2):
+    for s in samplers:
+        s.set_epoch(epoch)
+    print(f"epoch {epoch}:", {f"rank {r}": list(s) for r, s in enumerate(samplers)})
+
+forgetful = DistributedSampler(data, num_replicas=2, rank=0, shuffle=True, seed=0)
+print(tr("without set_epoch, rank 0:", "set_epoch なし、ランク 0:"), [list(forgetful) for epoch in range(2)])
+
+# %% [markdown]
+# <!-- en -->
+# When the data set does not divide evenly, the sampler pads it by repeating the first examples, so that every
+# process runs the same number of steps (a process that stopped early would leave the others waiting in the
+# all-reduce). With 10 examples and 3 processes each gets 4, and two examples are used twice:
+# <!-- ja -->
+# データセットがプロセス数で割り切れないとき、サンプラーは先頭のデータを繰り返して数を補います。どのプロセスも同じ回数だけステップを進めるためです（先に終わったプロセスがあると、残りのプロセスはオールリデュースで待ち続けてしまいます）。10個のデータを 3個のプロセスで分けると、各プロセスが 4個ずつ受け持ち、2個のデータが 2回使われます。
+
+# %%
+shares = [list(DistributedSampler(data, num_replicas=3, rank=r, shuffle=False)) for r in range(3)]
+print(shares)
+
+# %% [markdown]
+# <!-- en -->
+# Each process takes `batch_size // world_size` examples per step, so the **global batch size**, the number of
+# examples that one optimizer step averages over, is the per-process batch times the world size. `mparlib.ddp`
+# takes the global batch size as its setting and splits it, so that a run with 2 processes and a global batch
+# of 256 computes the same steps as one process with a batch of 256 (checked below). If you instead keep the
+# per-process batch fixed and add processes, the global batch grows, and the learning rate usually grows with it
+# (the linear scaling rule, as chapter 5 did with batch 512 and learning rate 0.2 on 2 GPUs).
+# <!-- ja -->
+# 各プロセスは 1ステップで `batch_size // world_size` 個のデータを使います。したがって**全体のバッチサイズ**（1回のパラメータ更新で平均をとるデータの数）は、デバイスあたりのバッチサイズとワールドサイズの積です。`mparlib.ddp` は全体のバッチサイズを設定として受け取ってプロセスに割り振ります。そのため、2個のプロセスで全体のバッチサイズ 256 の訓練は、1個のプロセスでバッチサイズ 256 の訓練と同じステップを計算します（このあと確かめます）。逆に、デバイスあたりのバッチサイズを固定したままプロセスを増やすと全体のバッチサイズが大きくなり、ふつうは学習率もそれに合わせて大きくします（線形スケーリング則。5章では GPU 2枚でバッチサイズ 512、学習率 0.2 にしました）。
+
+# %% [markdown]
+# <!-- en -->
+# ## A DDP training script
+#
+# Every process runs the same program. Stripped to its bones, one process of a DDP training looks like this:
+#
+# ```python
+# dist.init_process_group("gloo")                  # or "nccl"; reads RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT
+# rank, world = dist.get_rank(), dist.get_world_size()
+# sampler = DistributedSampler(train_set, seed=0)  # this rank's share of a shuffle common to all ranks
+# loader = DataLoader(train_set, batch_size=global_batch // world, sampler=sampler)
+# model = DDP(net)                                 # on GPUs: DDP(net.to(local_rank), device_ids=[local_rank])
+# for epoch in range(num_epochs):
+#     sampler.set_epoch(epoch)
+#     for X, y in loader:
+#         optimizer.zero_grad()
+#         loss_fn(model(X), y).backward()          # gradients are averaged over the ranks during backward
+#         optimizer.step()                         # identical on every rank
+#     if rank == 0:
+#         ...                                      # print, plot, save a checkpoint: one process does it
+# dist.destroy_process_group()
+# ```
+#
+# `mparlib.ddp.train_worker` is this loop plus the metrics, the evaluation and the checkpoints; its source is
+# short enough to read. It runs the chapter-5 experiment in three ways:
+#
+# - `torchrun --nproc_per_node=2 -m mparlib.ddp --epochs 10` in a terminal: torchrun starts the processes and
+#   sets the variables (`--nproc_per_node` = number of GPUs with `nccl`),
+# - `python -m mparlib.ddp --nproc 2 --epochs 10`: the module starts the processes itself,
+# - `ddp.launch(ddp.train_worker, 2, config)` from Python, which is what this notebook does.
+#
+# `python -m mparlib.ddp --help` lists the options (batch size, learning rate, `--sync-bn`, `--resume`, ...).
+# <!-- ja -->
+# ## DDP の訓練スクリプト
+#
+# すべてのプロセスが同じプログラムを実行します。骨組みだけにすると、DDP の訓練を行う 1個のプロセスは次のようになります。
+#
+# ```python
+# dist.init_process_group("gloo")                  # または "nccl"。RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT を読む
+# rank, world = dist.get_rank(), dist.get_world_size()
+# sampler = DistributedSampler(train_set, seed=0)  # 全ランク共通のシャッフルのうち、このランクの担当分
+# loader = DataLoader(train_set, batch_size=global_batch // world, sampler=sampler)
+# model = DDP(net)                                 # GPU では DDP(net.to(local_rank), device_ids=[local_rank])
+# for epoch in range(num_epochs):
+#     sampler.set_epoch(epoch)
+#     for X, y in loader:
+#         optimizer.zero_grad()
+#         loss_fn(model(X), y).backward()          # 逆伝播の最中に勾配がランク間で平均される
+#         optimizer.step()                         # どのランクでも同じ更新になる
+#     if rank == 0:
+#         ...                                      # 表示、グラフ、チェックポイントの保存は 1個のプロセスだけが行う
+# dist.destroy_process_group()
+# ```
+#
+# `mparlib.ddp.train_worker` は、このループに評価指標の集計、テスト精度の評価、チェックポイントを加えたものです。ソースは短いので読んでみてください。5章の実験は次の 3通りの方法で実行できます。
+#
+# - ターミナルで `torchrun --nproc_per_node=2 -m mparlib.ddp --epochs 10`: torchrun がプロセスを起動し、環境変数を設定します（`nccl` では `--nproc_per_node` を GPU の枚数にします）。
+# - `python -m mparlib.ddp --nproc 2 --epochs 10`: モジュール自身がプロセスを起動します。
+# - Python から `ddp.launch(ddp.train_worker, 2, config)`: このノートブックではこの方法を使います。
+#
+# オプション（バッチサイズ、学習率、`--sync-bn`、`--resume` など）の一覧は `python -m mparlib.ddp --help` で表示できます。
+
+# %% [markdown]
+# <!-- en -->
+# ## Starting processes from a notebook
+#
+# `launch(fn, nproc, *args)` starts `nproc` fresh Python processes, gives each the variables torchrun would
+# set, joins them into a process group, calls `fn(*args)` in each, and returns what rank 0's `fn` returned. It
+# also shows rank 0's printed lines and its live plot in the cell.
+#
+# The worker `fn` must live in an importable module (a `.py` file), not in a notebook cell. A new process is a
+# fresh interpreter: it receives the function as "module name + function name" (that is how `pickle` sends a
+# function) and imports it. A function defined in a cell belongs to the kernel's `__main__` module, which the new
+# process does not have. With `torch.multiprocessing.spawn` the new process fails with `AttributeError: Can't get
+# attribute 'worker' on <module '__main__' (built-in)>`, and the notebook sees only `ProcessExitedException:
+# process 0 terminated with exit code 1`. (Starting processes by `fork`, which copies the kernel, avoids the
+# import but is unsafe once CUDA has been used, so PyTorch spawns.) `launch` checks this before starting anything:
+# <!-- ja -->
+# ## ノートブックからプロセスを起動する
+#
+# `launch(fn, nproc, *args)` は新しい Python プロセスを `nproc` 個起動し、torchrun が設定するのと同じ環境変数を渡してプロセスグループを作り、各プロセスで `fn(*args)` を呼び出して、ランク 0 の `fn` の戻り値を返します。ランク 0 が表示する行とライブ表示のグラフも、セルの中に表示します。
+#
+# ワーカー関数 `fn` は、ノートブックのセルではなく、インポートできるモジュール（`.py` ファイル）に置く必要があります。新しいプロセスはまっさらなインタプリタです。関数は「モジュール名 + 関数名」として届き（`pickle` は関数をこの形で送ります）、新しいプロセスがそれをインポートします。セルで定義した関数はカーネルの `__main__` モジュールに属しますが、新しいプロセスにはそのモジュールがありません。`torch.multiprocessing.spawn` を使うと、新しいプロセスは `AttributeError: Can't get attribute 'worker' on <module '__main__' (built-in)>` で失敗し、ノートブックには `ProcessExitedException: process 0 terminated with exit code 1` しか届きません（カーネルを丸ごと複製する `fork` で起動すればインポートは不要ですが、CUDA を使ったあとでは安全ではないため、PyTorch は spawn で起動します）。`launch` はプロセスを起動する前にこれを確かめます。
+
+# %% tags=["raises-exception"]
+def worker():
+    return "hello"
+
+
+ddp.launch(worker, 2)
+
+# %% [markdown]
+# <!-- en -->
+# The fix is what the message says: put the worker in a file such as `my_workers.py` next to the notebook and
+# `from my_workers import worker`. The workers of this chapter live in `mparlib/ddp.py`.
+# <!-- ja -->
+# 直し方はメッセージのとおりです。ワーカー関数をノートブックと同じフォルダの `my_workers.py` のようなファイルに書き、`from my_workers import worker` でインポートしてから渡します。この章のワーカー関数は `mparlib/ddp.py` にあります。
+
+# %% [markdown]
+# <!-- en -->
+# ## Two halves equal one whole
+#
+# Each process computes the mean loss over its `b = B / W` examples, and DDP averages the gradients of the `W`
+# processes. The average of the `W` per-process means is the mean over all `B` examples:
+#
+# $$\frac{1}{W}\sum_{r=1}^{W} \frac{1}{b}\sum_{i \in \text{share}_r} \nabla \ell_i = \frac{1}{B}\sum_{i=1}^{B} \nabla \ell_i .$$
+#
+# So after one step, DDP with 2 processes on the two halves of a batch must hold the same parameters as one
+# process that took one step on the whole batch. The check below uses a small network without batch
+# normalization: batch normalization computes its statistics over the examples a process sees, so with DDP its
+# output depends on the split (on GPUs, `--sync-bn` replaces it with `SyncBatchNorm`, which computes them over
+# the global batch). `ddp.one_step_worker` builds the model from the same seed and takes one SGD step on
+# rank `r`'s half.
+# <!-- ja -->
+# ## 半分ずつの計算を合わせると全体の計算になる
+#
+# 各プロセスは自分の担当する `b = B / W` 個のデータで損失の平均をとり、DDP は `W` 個のプロセスの勾配を平均します。プロセスごとの平均を `W` 個平均すると、`B` 個すべてのデータの平均になります。
+#
+# $$\frac{1}{W}\sum_{r=1}^{W} \frac{1}{b}\sum_{i \in \text{担当}_r} \nabla \ell_i = \frac{1}{B}\sum_{i=1}^{B} \nabla \ell_i$$
+#
+# したがって、2個のプロセスでミニバッチを半分ずつ使って 1ステップ進めた DDP のパラメータは、1個のプロセスでミニバッチ全体を使って 1ステップ進めたパラメータと一致するはずです。この確認には、バッチ正規化を含まない小さなネットワークを使います。バッチ正規化は、そのプロセスが見るデータだけで統計量を計算するため、DDP では出力がデータの分け方に依存するからです（GPU では `--sync-bn` を指定すると `SyncBatchNorm` に置き換わり、全体のバッチで統計量を計算します）。`ddp.one_step_worker` は同じシードからモデルを作り、ランク `r` の担当する半分で SGD を 1ステップ進めます。
+
+# %% tags=["nbval-ignore-output"]
+images, labels = ddp.load_split_tensors("train", 16)
+X, y = ddp.to_float(images), labels  # (16, 1, 28, 28), (16,)
+
+torch.manual_seed(0)
+net = ddp.make_model("mlp")  # Flatten, Linear(784, 64), ReLU, Linear(64, 10)
+before = {k: v.clone() for k, v in net.state_dict().items()}
+optimizer = torch.optim.SGD(net.parameters(), lr=0.5)
+torch.nn.functional.cross_entropy(net(X), y).backward()
+optimizer.step()
+one_process = net.state_dict()
+
+two_processes = ddp.launch(ddp.one_step_worker, 2, X, y, lr=0.5, seed=0, echo=False)
+diff = max((two_processes[k] - one_process[k]).abs().max().item() for k in one_process)
+moved = max((one_process[k] - before[k]).abs().max().item() for k in one_process)
+print(tr("largest parameter difference, 2 processes vs 1:", "パラメータの差の最大値（2個のプロセスと 1個）:"),
+      f"{diff:.1e}")
+print(tr("largest change made by the step:", "このステップによる変化の最大値:"), f"{moved:.1e}")
+
+# %%
+assert diff < 1e-6, diff
+assert moved > 1e-3  # the step really moved the parameters, so the match is not trivial
+
+# %% [markdown]
+# <!-- en -->
+# The difference is at the level of float32 rounding: the sums are taken in another order, nothing else
+# differs. `tests/test_ddp.py` checks the same thing for whole training runs.
+# <!-- ja -->
+# 差は float32 の丸め誤差の程度です。足し算の順序が違うだけで、それ以外に違いはありません。`tests/test_ddp.py` では、同じことを訓練全体について確かめています。
+
+# %% [markdown]
+# <!-- en -->
+# ## The chapter-5 experiment with 2 processes, a crash, and a resume
+#
+# Now the ResNet-18 of chapter 5 on Fashion-MNIST, with DDP. The `smoke` profile uses 2 CPU processes (`gloo`),
+# 64 training images, a global batch of 32 and the learning rate 0.02 (with 0.1 the loss of such a tiny run
+# rises over its few steps); its curves show the machinery at work, not what ResNet-18 can learn. The `full`
+# profile uses one process per GPU (`nccl`), the whole data set and 10 epochs, with batch size 256 per GPU and
+# learning rate 0.1 per GPU as in chapter 5.
+#
+# After every epoch rank 0 writes a **checkpoint**: the model, the optimizer state, the number of finished
+# epochs, the sampler's seed and epoch, and the history. It writes to a temporary file and renames it
+# (`os.replace`), so a crash while writing leaves the previous checkpoint intact. To see why this matters, the
+# first run kills rank 0 (with `SIGKILL`, as a power cut or the out-of-memory killer would) at the first step
+# of the last epoch. The plot is drawn by rank 0 and updated in the cell after every epoch.
+# <!-- ja -->
+# ## 5章の実験を 2個のプロセスで: 障害と再開
+#
+# いよいよ 5章の ResNet-18 を Fashion-MNIST で、DDP を使って訓練します。`smoke` プロファイルでは 2個の CPU プロセス（`gloo`）で、訓練画像 64枚、全体のバッチサイズ 32、学習率 0.02 を使います（このように小さな訓練で学習率を 0.1 にすると、わずかなステップの間に損失が上がってしまいます）。このグラフで見えるのは仕組みが動く様子であり、ResNet-18 の本来の性能ではありません。`full` プロファイルでは GPU ごとに 1個のプロセス（`nccl`）を使い、データセット全体で 10エポック訓練します。5章と同じく、バッチサイズは GPU あたり 256、学習率は GPU あたり 0.1 です。
+#
+# ランク 0 はエポックが終わるたびに**チェックポイント**を書き出します。中身はモデル、オプティマイザの状態、終わったエポック数、サンプラーのシードとエポック、そして履歴です。いったん一時ファイルに書いてから名前を変える（`os.replace`）ので、書き込み中に落ちても直前のチェックポイントは壊れません。その効果を確かめるため、最初の実行では最後のエポックの 1ステップ目でランク 0 を強制終了します（停電やメモリ不足でプロセスが強制終了されたときと同じ `SIGKILL` を使います）。グラフはランク 0 が描き、エポックが終わるたびにセルの中で更新されます。
+
+# %% tags=["nbval-ignore-output"]
+if PROFILE == "smoke":
+    nproc = 2
+    settings = dict(epochs=2, batch_size=32, lr=0.02, subset=(64, 32))
+else:
+    nproc = mparlib.num_gpus() or 2
+    settings = dict(epochs=10, batch_size=256 * nproc, lr=0.1 * nproc, subset=None)
+workdir = tempfile.TemporaryDirectory(prefix="mparlib-06-")
+config = ddp.DDPConfig(model="resnet18", out=workdir.name, **settings)
+plot = Path(workdir.name) / "plot.png"  # rank 0's Animator writes it; launch(show=plot) displays it here
+print(tr(f"{nproc} processes, backend {ddp.choose_backend()}, global batch {config.batch_size} "
+         f"({config.batch_size // nproc} per process), learning rate {config.lr:g}, {config.epochs} epochs",
+         f"プロセス {nproc}個、バックエンド {ddp.choose_backend()}、全体のバッチサイズ {config.batch_size}"
+         f"（プロセスあたり {config.batch_size // nproc}）、学習率 {config.lr:g}、{config.epochs}エポック"))
+
+# %% tags=["nbval-ignore-output"]
+crash = dataclasses.replace(config, crash_at=(config.epochs, 1))  # rank 0 dies at step 1 of the last epoch
+try:
+    ddp.launch(ddp.train_worker, nproc, crash, show=plot)
+except ddp.WorkerFailed as e:
+    print(str(e).splitlines()[0])
+
+# %%
+saved = torch.load(Path(workdir.name) / "checkpoint.pt", weights_only=True)
+print(tr("epochs lost by the crash:", "障害で失われたエポック数:"), config.epochs - saved["epoch"])
+assert saved["epoch"] == config.epochs - 1 and saved["sampler"]["epoch"] == config.epochs - 1
+
+# %% [markdown]
+# <!-- en -->
+# Only the last epoch's progress is lost. Resuming (`--resume` on the command line) loads the checkpoint: rank 0
+# reads it and broadcasts it, every process restores the model and the optimizer state, and the sampler continues
+# with the next epoch's order. The resumed run reaches the same parameters as a run that was never interrupted
+# (`tests/test_ddp.py` checks this).
+# <!-- ja -->
+# 失われたのは最後のエポックの進み具合だけです。再開（コマンドラインでは `--resume`）ではチェックポイントを読み込みます。ランク 0 がファイルを読んで他のプロセスへブロードキャストし、各プロセスがモデルとオプティマイザの状態を復元し、サンプラーは次のエポックの順序から続けます。再開した訓練は、一度も中断しなかった訓練と同じパラメータに到達します（`tests/test_ddp.py` で確かめています）。
+
+# %% tags=["nbval-ignore-output"]
+result = ddp.launch(ddp.train_worker, nproc, dataclasses.replace(config, resume=True), show=plot)
+
+# %%
+history = result["history"]
+assert [h["epoch"] for h in history] == list(range(1, config.epochs + 1))
+assert result["world_size"] == nproc and result["per_rank_batch"] == config.batch_size // nproc
+assert all(math.isfinite(h["train_loss"]) and 0 <= h["test_acc"] <= 1 for h in history)
+if PROFILE == "full":
+    assert history[-1]["test_acc"] > 0.85, "ResNet-18 reaches about 0.9 test accuracy in chapter 5"
+
+# %% [markdown]
+# <!-- en -->
+# The checkpoint has the format of chapter 2: the parameters are saved from the model inside the DDP wrapper,
+# without the `module.` prefix, next to the extra entries that resuming needs. So `load_checkpoint` puts the
+# trained weights into a plain ResNet-18, for example to evaluate or fine-tune it on one device, without any
+# process group:
+# <!-- ja -->
+# チェックポイントは 2章と同じ形式です。パラメータは DDP のラッパーの内側のモデルから `module.` の接頭辞なしで保存され、再開に必要な項目がその横に並びます。そのため、`load_checkpoint` を使えば、訓練した重みをふつうの ResNet-18 に読み込めます。プロセスグループなしで、1つのデバイスで評価したり追加で訓練したりできます。
+
+# %%
+from mparlib.parallel import load_checkpoint
+
+plain = ddp.make_model("resnet18")
+extra = load_checkpoint(plain, Path(workdir.name) / "checkpoint.pt")
+print(sorted(extra))
+assert extra["epoch"] == config.epochs and extra["sampler"]["epoch"] == config.epochs
+
+# %% [markdown]
+# <!-- en -->
+# ## DataParallel and DDP on this machine
+#
+# Which one is faster here? The next cell times a few training steps of ResNet-18 both ways, with the same global
+# batch. On a machine with GPUs, `DataParallel` spreads the batch over all GPUs from one process, and DDP runs one
+# process per GPU. On a machine without GPUs `DataParallel` simply calls the model in one process, which uses all
+# CPU cores through PyTorch's threads, while DDP runs 2 processes with one thread each. The numbers are yours;
+# the stored ones came from the machine that built this notebook.
+# <!-- ja -->
+# このマシンではどちらが速いでしょうか。次のセルでは、同じ全体のバッチサイズで ResNet-18 の訓練ステップを数回ずつ両方の方法で計測します。GPU のあるマシンでは、`DataParallel` は 1個のプロセスからミニバッチをすべての GPU に分配し、DDP は GPU ごとに 1個のプロセスを動かします。GPU のないマシンでは、`DataParallel` は 1個のプロセスでモデルをそのまま呼び出すだけで、PyTorch のスレッドを通じてすべての CPU コアを使います。一方 DDP は、スレッドを 1本ずつ持つ 2個のプロセスを動かします。表示される数値はお使いのマシンのものです。保存されている数値は、このノートブックを作成したマシンのものです。
+
+# %% tags=["nbval-ignore-output"]
+per_process, steps = (4, 2) if PROFILE == "smoke" else (256, 20)
+dp = ddp.dataparallel_throughput("resnet18", batch_size=per_process * nproc, steps=steps)
+dd = ddp.launch(ddp.throughput_worker, nproc, "resnet18", per_rank_batch=per_process, steps=steps, echo=False)
+rows = [("DataParallel", 1, ", ".join(dp["devices"]) + f" ({dp['threads']} threads)", dp["images_per_s"]),
+        ("DistributedDataParallel", dd["world_size"], f"{dd['backend']} ({dd['threads']} thread(s) each)",
+         dd["images_per_s"])]
+print(f"{tr('method', '方式'):<24} {tr('processes', 'プロセス数'):>10}  {tr('devices', 'デバイス'):<34} "
+      f"{tr('images/s', '画像/秒'):>9}")
+for name, procs, where, speed in rows:
+    print(f"{name:<24} {procs:>10}  {where:<34} {speed:>9.1f}")
+
+# %%
+assert dd["world_size"] == nproc and dd["per_rank_batch"] * nproc == per_process * nproc
+assert all(r[3] > 0 and math.isfinite(r[3]) for r in rows)
+
+# %% [markdown]
+# <!-- en -->
+# On GPUs, DDP avoids what slows DataParallel down: one interpreter lock shared by all threads, copying the
+# model to every GPU at every step, and collecting all outputs on GPU 0. On a CPU the comparison is different:
+# both use the same cores, either as threads inside one operation of one process or as separate processes that
+# also exchange gradients. Which one wins depends on the model, the batch size and on what else the machine is
+# doing (threads that wait for each other suffer most when other programs take cores away), so run the cell
+# twice before drawing conclusions. `benchmarks/ddp_throughput.py` measures the same comparison with more steps,
+# adds one process with one thread as a baseline, and saves the numbers.
+# <!-- ja -->
+# GPU では、DDP は DataParallel を遅くしている要因を避けられます。すべてのスレッドが 1つのインタプリタロックを共有すること、ステップごとにモデルを全 GPU へ複製すること、すべての出力を GPU 0 に集約することです。CPU では事情が違います。どちらも同じ CPU コアを使い、1個のプロセスの 1つの演算の中でスレッドとして使うか、勾配もやり取りする別々のプロセスとして使うかの違いです。どちらが速いかは、モデル、バッチサイズ、そしてマシンで他に何が動いているかによって変わります（互いを待ち合わせるスレッドは、他のプログラムにコアを取られたときにいちばん大きな影響を受けます）。結論を出す前にセルを 2回実行してみてください。`benchmarks/ddp_throughput.py` は同じ比較をより多くのステップで計測し、基準として 1スレッドの 1個のプロセスも測って、結果を保存します。
+
+# %% [markdown]
+# <!-- en -->
+# ## Beyond one machine
+#
+# With `torchrun`, two machines are two invocations of the same command, one on each host. Say host A has the
+# address `10.0.0.1` and both hosts have 4 GPUs. Run on **each** host:
+#
+# ```bash
+# torchrun --nnodes=2 --nproc_per_node=4 \
+#     --rdzv-backend=c10d --rdzv-endpoint=10.0.0.1:29400 --rdzv-id=fmnist-run-1 \
+#     -m mparlib.ddp --epochs 10 --batch-size 2048 --lr 0.8 --out runs/two-hosts
+# ```
+#
+# (8 GPUs with 256 images each make the global batch of 2048, and the learning rate follows the linear scaling
+# rule.) The `c10d` rendezvous runs on host A, the address in `--rdzv-endpoint`. The 8 processes get the global
+# ranks 0 to 7 and the local ranks 0 to 3 on each host; which host holds ranks 0 to 3 is settled at the
+# rendezvous. What must match between the hosts:
+#
+# - `--nnodes`, `--rdzv-backend`, `--rdzv-endpoint` and `--rdzv-id` (a name for this run, the same on both),
+# - the program and its options: the same code, the same versions of PyTorch and `mparlib`, the same backend,
+# - the data: every process reads Fashion-MNIST on its own host, so each host needs a copy,
+# - the network: host B must reach host A's port 29400, and the processes open further connections to each
+#   other; with several network interfaces, choose one with `NCCL_SOCKET_IFNAME` (nccl) or `GLOO_SOCKET_IFNAME`
+#   (gloo).
+#
+# Only global rank 0 writes the checkpoint, and on resume only rank 0 reads it and broadcasts it to the others.
+# Since either host may run rank 0 next time, keep `--out` on storage that both hosts see (a shared file system),
+# or copy the checkpoint to both before resuming.
+#
+# You can rehearse all of this on one machine: two terminals, two "nodes" on `127.0.0.1` with one CPU process
+# each. Start the same command in both terminals (the first one hosts the rendezvous; the second finds the port
+# taken and joins as a client):
+#
+# ```bash
+# torchrun --nnodes=2 --nproc_per_node=1 \
+#     --rdzv-backend=c10d --rdzv-endpoint=127.0.0.1:29400 --rdzv-id=rehearsal \
+#     -m mparlib.ddp --model mlp --epochs 2 --subset 2048 --batch-size 64 --out runs/rehearsal
+# ```
+#
+# Only one of the two terminals prints the progress (global rank 0). If port 29400 is taken, pick another, the
+# same in both terminals.
+# <!-- ja -->
+# ## 複数台のマシンへ
+#
+# `torchrun` を使えば、2台のマシンでの訓練は、同じコマンドを各ホストで 1回ずつ実行するだけです。ホスト A のアドレスが `10.0.0.1` で、どちらのホストにも GPU が 4枚あるとします。**それぞれの**ホストで次を実行します。
+#
+# ```bash
+# torchrun --nnodes=2 --nproc_per_node=4 \
+#     --rdzv-backend=c10d --rdzv-endpoint=10.0.0.1:29400 --rdzv-id=fmnist-run-1 \
+#     -m mparlib.ddp --epochs 10 --batch-size 2048 --lr 0.8 --out runs/two-hosts
+# ```
+#
+# （GPU 8枚に 256枚ずつで全体のバッチサイズは 2048 になり、学習率は線形スケーリング則に従います。）`c10d` のランデブーは `--rdzv-endpoint` のアドレスのホスト A で動きます。8個のプロセスにはグローバルなランク 0 から 7 と、各ホストの中でのローカルランク 0 から 3 が割り当てられます。どちらのホストがランク 0 から 3 を受け持つかは、ランデブーの時点で決まります。ホスト間で一致させる必要があるのは次のものです。
+#
+# - `--nnodes`、`--rdzv-backend`、`--rdzv-endpoint`、`--rdzv-id`（この実行の名前。両方のホストで同じにします）
+# - プログラムとそのオプション: 同じコード、同じバージョンの PyTorch と `mparlib`、同じバックエンド
+# - データ: 各プロセスは自分のホストで Fashion-MNIST を読むので、どちらのホストにもデータが必要です。
+# - ネットワーク: ホスト B からホスト A のポート 29400 に接続できる必要があり、プロセスどうしもさらに別の接続を開きます。ネットワークインタフェースが複数あるときは、`NCCL_SOCKET_IFNAME`（nccl）や `GLOO_SOCKET_IFNAME`（gloo）で使うものを指定します。
+#
+# チェックポイントを書くのはグローバルなランク 0 だけで、再開するときもランク 0 だけが読み込み、他のプロセスへブロードキャストします。次回はどちらのホストがランク 0 になるかわからないので、`--out` は両方のホストから見える場所（共有ファイルシステム）に置くか、再開する前にチェックポイントを両方のホストにコピーしてください。
+#
+# この手順は 1台のマシンで予行演習できます。ターミナルを 2つ開き、`127.0.0.1` 上の 2つの「ノード」として、CPU のプロセスを 1個ずつ動かします。両方のターミナルで同じコマンドを実行してください（先に起動した方がランデブーを受け持ち、後から起動した方はポートが使用中であることを確かめてクライアントとして参加します）。
+#
+# ```bash
+# torchrun --nnodes=2 --nproc_per_node=1 \
+#     --rdzv-backend=c10d --rdzv-endpoint=127.0.0.1:29400 --rdzv-id=rehearsal \
+#     -m mparlib.ddp --model mlp --epochs 2 --subset 2048 --batch-size 64 --out runs/rehearsal
+# ```
+#
+# 進み具合を表示するのは、2つのターミナルのうち一方（グローバルなランク 0）だけです。ポート 29400 が使用中なら、両方のターミナルで同じ別の番号を選んでください。
+
+# %%
+workdir.cleanup()  # the checkpoint and plot of this chapter's runs lived in a temporary folder
+
+# %% [markdown]
+# <!-- en -->
+# ## Summary
+#
+# - DDP runs one process per device. Each process loads its own share of the data (`DistributedSampler`, with
+#   `set_epoch` every epoch), computes its own loss, and DDP averages the gradients by all-reduce in buckets
+#   while the backward pass is still running.
+# - With the global batch split over the processes, DDP computes the same steps as one process on the whole
+#   batch (for models without batch normalization; `SyncBatchNorm` on GPUs).
+# - `torchrun` starts the processes and sets `RANK`, `WORLD_SIZE`, `MASTER_ADDR` and `MASTER_PORT`; from a
+#   notebook, `mparlib.ddp.launch` does it, with a worker function from an importable module.
+# - Rank 0 alone prints, plots and writes checkpoints, atomically; `--resume` continues where a run stopped.
+# - The same program runs on several machines: `torchrun --nnodes=2 --rdzv-backend=c10d --rdzv-endpoint=...`.
+#
+# ## Exercises
+#
+# 1. In the sampler cell, remove the line `s.set_epoch(epoch)`. What do the two epochs print now?
+# 2. Run the correctness check with 4 processes: `ddp.launch(ddp.one_step_worker, 4, X, y, lr=0.5, seed=0)`.
+#    Is the difference to `one_process` still below `1e-6`? Then try 3 processes: what does the message say,
+#    and why?
+# 3. In a terminal, run `python -m mparlib.ddp --nproc 2 --model mlp --epochs 3 --subset 2048 --batch-size 64
+#    --momentum 0.9 --out runs/a`. Run the same command with `--crash-at 3:5 --out runs/b`, and once more with
+#    `--resume --out runs/b` (without `--crash-at`). Load both `checkpoint.pt` files with `torch.load` and
+#    compare their `"model"` entries.
+# 4. Rehearse the two-node run on `127.0.0.1` in two terminals, as shown above. What happens if you start only
+#    one of them?
+# <!-- ja -->
+# ## まとめ
+#
+# - DDP はデバイスごとに 1個のプロセスを動かします。各プロセスは自分の担当分のデータを読み込み（`DistributedSampler`。エポックごとに `set_epoch` を呼びます）、自分で損失を計算します。DDP は逆伝播が続いている間に、勾配をバケットごとのオールリデュースで平均します。
+# - 全体のバッチサイズをプロセスに割り振れば、DDP は 1個のプロセスでミニバッチ全体を使ったときと同じステップを計算します（バッチ正規化を含まないモデルの場合。GPU では `SyncBatchNorm` を使います）。
+# - `torchrun` はプロセスを起動し、`RANK`、`WORLD_SIZE`、`MASTER_ADDR`、`MASTER_PORT` を設定します。ノートブックからは `mparlib.ddp.launch` が同じことを行います。ワーカー関数はインポートできるモジュールに置きます。
+# - 表示、グラフ、チェックポイントの書き込みはランク 0 だけが行い、チェックポイントは不可分に書き込みます。`--resume` を指定すると、止まったところから訓練を続けます。
+# - 同じプログラムが複数台のマシンで動きます: `torchrun --nnodes=2 --rdzv-backend=c10d --rdzv-endpoint=...`
+#
+# ## 練習問題
+#
+# 1. サンプラーのセルから `s.set_epoch(epoch)` の行を消してください。2つのエポックの表示はどう変わるでしょうか。
+# 2. 正しさの確認を 4個のプロセスで実行してください: `ddp.launch(ddp.one_step_worker, 4, X, y, lr=0.5, seed=0)`。`one_process` との差は `1e-6` 未満のままでしょうか。次に 3個のプロセスで試してください。どんなメッセージが表示され、それはなぜでしょうか。
+# 3. ターミナルで `python -m mparlib.ddp --nproc 2 --model mlp --epochs 3 --subset 2048 --batch-size 64 --momentum 0.9 --out runs/a` を実行してください。次に同じコマンドを `--crash-at 3:5 --out runs/b` を付けて実行し、さらに `--crash-at` を外して `--resume --out runs/b` を付けて実行してください。2つの `checkpoint.pt` を `torch.load` で読み込み、`"model"` の中身を比べてください。
+# 4. 上で示した 2ノードの予行演習を、2つのターミナルを使って `127.0.0.1` 上で行ってください。一方だけを起動するとどうなるでしょうか。

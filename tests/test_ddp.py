@@ -1,0 +1,240 @@
+"""mparlib.ddp: DDP on CPU processes (gloo) matches one process, resumes exactly, runs as two "nodes", fails clearly.
+
+Every run here is tiny (an MLP, a few hundred Fashion-MNIST images, 2 processes with one thread each): what is
+tested is the arithmetic and the plumbing, not the speed.
+"""
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from mparlib import ddp
+from mparlib.data import locate, read_split
+from mparlib.parallel import load_checkpoint
+
+PY = sys.executable
+TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
+# A small run: 2 epochs of 192 images, global batch 32 (16 per rank) = 6 steps per epoch; momentum makes the
+# optimizer state matter on resume.
+RUN = dict(model="mlp", epochs=2, batch_size=32, lr=0.2, momentum=0.9, subset=(192, 48), seed=3, plot=False)
+CLI = ["--model", "mlp", "--epochs", "2", "--batch-size", "32", "--lr", "0.2", "--momentum", "0.9",
+       "--subset", "192,48", "--seed", "3", "--no-plot"]
+
+
+@pytest.fixture(autouse=True)
+def english(monkeypatch):
+    """Messages are checked in English (the course's other language is tested by the Japanese notebook)."""
+    monkeypatch.setenv("MPARLIB_LANG", "en")
+
+
+def env1():
+    """The environment for child programs: one thread each, no rendezvous variables inherited."""
+    env = {k: v for k, v in os.environ.items() if k not in ddp.RENDEZVOUS_VARS + ("LOCAL_RANK", "TORCHELASTIC_RUN_ID")}
+    env.update(OMP_NUM_THREADS="1", MPARLIB_QUIET="1", MPARLIB_LANG="en")
+    return env
+
+
+def params_of(checkpoint):
+    return torch.load(checkpoint, map_location="cpu", weights_only=True)["model"]
+
+
+def max_diff(a, b):
+    assert a.keys() == b.keys()
+    return max((a[k].double() - b[k].double()).abs().max().item() for k in a)
+
+
+def reference_training(model, epochs, batch_size, lr, momentum, subset, seed, **_):
+    """The same training in one plain process, no DDP: full global batches in DistributedSampler's documented
+    order (a permutation drawn from a generator seeded with seed + epoch)."""
+    images, labels = read_split(locate(), "train")
+    x = images[: subset[0]].unsqueeze(1).float() / 255  # (N, 1, 28, 28)
+    y = labels[: subset[0]]
+    torch.manual_seed(seed)
+    net = ddp.make_model(model)
+    opt = torch.optim.SGD(net.parameters(), lr=lr, momentum=momentum)
+    for epoch in range(epochs):
+        order = torch.randperm(len(y), generator=torch.Generator().manual_seed(seed + epoch))
+        for start in range(0, len(y), batch_size):
+            i = order[start:start + batch_size]
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(net(x[i]), y[i]).backward()
+            opt.step()
+    return net.state_dict()
+
+
+def failing_worker():
+    """A worker for the error-report test: rank 1 fails."""
+    import torch.distributed as dist
+
+    if dist.get_rank() == 1:
+        raise ValueError("rank 1 cannot go on")
+    dist.barrier()
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """One uninterrupted 2-process run through the command line (`python -m mparlib.ddp --nproc 2`)."""
+    out = tmp_path_factory.mktemp("uninterrupted")
+    proc = subprocess.run([PY, "-m", "mparlib.ddp", "--nproc", "2", *CLI, "--out", str(out)], env=env1(),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return out, proc.stdout
+
+
+# ------------------------------------------------------------------------------------------------ correctness
+
+def test_one_ddp_step_on_batch_halves_equals_one_full_batch_step():
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.rand(16, 1, 28, 28, generator=g), torch.randint(0, 10, (16,), generator=g)
+    got = ddp.launch(ddp.one_step_worker, 2, x, y, lr=0.5, seed=0, echo=False)
+
+    torch.manual_seed(0)
+    net = ddp.make_model("mlp")
+    before = {k: v.clone() for k, v in net.state_dict().items()}
+    opt = torch.optim.SGD(net.parameters(), lr=0.5)
+    torch.nn.functional.cross_entropy(net(x), y).backward()
+    opt.step()
+    assert max_diff(got, net.state_dict()) < 1e-6
+    assert max_diff(got, before) > 1e-3  # the step really changed the parameters
+
+
+def test_two_process_run_equals_one_process_training(uninterrupted):
+    out, stdout = uninterrupted
+    ckpt = torch.load(out / "checkpoint.pt", map_location="cpu", weights_only=True)
+    assert ckpt["epoch"] == 2 and ckpt["world_size"] == 2
+    assert ckpt["sampler"] == {"seed": 3, "epoch": 2, "shuffle": True, "drop_last": False, "num_replicas": 2}
+    assert [h["epoch"] for h in ckpt["history"]] == [1, 2]
+    assert stdout.count("epoch ") == 2 and "global batch 32 = 2 x 16" in stdout  # rank 0 alone logs
+    assert max_diff(ckpt["model"], reference_training(**RUN)) < 1e-6
+    plain = ddp.make_model("mlp")  # chapter 2's loader takes the checkpoint into a plain model
+    assert load_checkpoint(plain, out / "checkpoint.pt")["epoch"] == 2
+    assert max_diff(plain.state_dict(), ckpt["model"]) == 0
+
+
+# ------------------------------------------------------------------------------------------------ checkpoints
+
+@pytest.mark.slow
+def test_resume_after_a_kill_reaches_the_uninterrupted_parameters(uninterrupted, tmp_path):
+    cfg = ddp.DDPConfig(**RUN, out=str(tmp_path), crash_at=(2, 3))  # SIGKILL in the middle of epoch 2
+    with pytest.raises(ddp.WorkerFailed, match="rank 0 was killed by signal SIGKILL"):
+        ddp.launch(ddp.train_worker, 2, cfg, echo=False)
+    saved = torch.load(tmp_path / "checkpoint.pt", map_location="cpu", weights_only=True)
+    assert saved["epoch"] == 1  # epoch 1 survived; only epoch 2's progress is lost
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
+
+    result = ddp.launch(ddp.train_worker, 2, ddp.DDPConfig(**RUN, out=str(tmp_path), resume=True), echo=False)
+    assert [h["epoch"] for h in result["history"]] == [1, 2]
+    assert max_diff(params_of(tmp_path / "checkpoint.pt"), params_of(uninterrupted[0] / "checkpoint.pt")) < 1e-7
+
+
+def test_resume_refuses_changed_settings(uninterrupted, tmp_path, capsys):
+    out = uninterrupted[0]
+    changed = [a if a != "0.2" else "0.3" for a in CLI]  # another learning rate
+    assert ddp.main(["--nproc", "2", *changed, "--epochs", "3", "--resume", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "these differ: lr: checkpoint 0.2, now 0.3" in err
+
+
+# ------------------------------------------------------------------------------------------------ torchrun
+
+@pytest.mark.slow
+def test_two_torchrun_nodes_on_localhost_complete_a_run(tmp_path):
+    port = ddp.free_port()
+    common = [TORCHRUN, "--nnodes=2", "--nproc_per_node=1", "--rdzv-backend=c10d",
+              f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=test-two-nodes", "-m", "mparlib.ddp",
+              "--model", "mlp", "--epochs", "1", "--batch-size", "32", "--subset", "96,32", "--no-plot",
+              "--out", str(tmp_path)]
+    nodes = [subprocess.Popen(common, env=env1(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for _ in range(2)]
+    try:
+        outputs = [n.communicate(timeout=240)[0] for n in nodes]
+    finally:
+        for n in nodes:
+            if n.poll() is None:
+                n.kill()
+    assert [n.returncode for n in nodes] == [0, 0], outputs
+    assert sum("DDP: 2 processes" in o for o in outputs) == 1  # one global rank 0 across both "nodes"
+    ckpt = torch.load(tmp_path / "checkpoint.pt", map_location="cpu", weights_only=True)
+    assert ckpt["epoch"] == 1 and ckpt["world_size"] == 2
+
+
+# ------------------------------------------------------------------------------------------------ bad input
+
+def test_missing_rendezvous_variables(monkeypatch, capsys):
+    for k in ddp.RENDEZVOUS_VARS + ("TORCHELASTIC_RUN_ID",):
+        monkeypatch.delenv(k, raising=False)
+    with pytest.raises(ddp.DDPError, match="RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT are not set"):
+        with ddp.process_group():
+            pass
+    assert ddp.main(["--model", "mlp"]) == 2
+    err = capsys.readouterr().err
+    assert "torchrun --nproc_per_node=2 -m mparlib.ddp" in err and "--nproc 2" in err
+
+
+def test_nccl_needs_one_gpu_per_process(monkeypatch):
+    monkeypatch.setattr(ddp, "num_gpus", lambda: 2)
+    with pytest.raises(ddp.DDPError, match="3 processes .* 2 GPU\\(s\\) .*--nproc 2"):
+        ddp.check_gpus("nccl", 3)
+    ddp.check_gpus("nccl", 2)
+    ddp.check_gpus("gloo", 8)  # gloo runs processes on the CPU: any number
+    monkeypatch.setattr(ddp, "num_gpus", lambda: 0)
+    with pytest.raises(ddp.DDPError, match="nccl backend needs CUDA GPUs"):
+        ddp.launch(ddp.one_step_worker, 2, backend="nccl")
+
+
+def test_world_size_leaving_a_rank_without_data(tmp_path, capsys):
+    assert ddp.main(["--nproc", "4", "--model", "mlp", "--batch-size", "8", "--subset", "3,1",
+                     "--out", str(tmp_path)]) == 2
+    assert "has 3 example(s) but the run has 4 processes" in capsys.readouterr().err
+    assert ddp.main(["--nproc", "2", "--model", "mlp", "--batch-size", "33", "--out", str(tmp_path)]) == 2
+    assert "cannot be split evenly across 2 processes" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())  # nothing started, nothing written
+
+
+def test_port_in_use(monkeypatch, capsys, tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        with pytest.raises(ddp.DDPError, match=f"Port {port} on 127.0.0.1 is already in use.*--port"):
+            ddp.launch(ddp.one_step_worker, 2, port=port)
+        monkeypatch.setenv("MASTER_PORT", str(port))
+        monkeypatch.delenv("RANK", raising=False)
+        assert ddp.main(["--nproc", "2", "--model", "mlp", "--subset", "64", "--batch-size", "16",
+                         "--out", str(tmp_path)]) == 2
+        assert f"Port {port} on 127.0.0.1 is already in use" in capsys.readouterr().err
+
+
+def test_worker_defined_in_a_notebook_is_refused():
+    def local_worker():
+        return 1
+
+    with pytest.raises(ddp.DDPError, match="cannot find it"):
+        ddp.launch(local_worker, 2)
+    main_worker = type(local_worker)(local_worker.__code__, {})
+    main_worker.__module__, main_worker.__qualname__ = "__main__", "worker"
+    with pytest.raises(ddp.DDPError, match="notebook or script .*import"):
+        ddp.launch(main_worker, 2)
+
+
+def test_out_folder_is_never_overwritten(uninterrupted, tmp_path, capsys):
+    before = (uninterrupted[0] / "checkpoint.pt").read_bytes()
+    assert ddp.main(["--nproc", "2", *CLI, "--out", str(uninterrupted[0])]) == 2
+    assert "already exists and would be overwritten" in capsys.readouterr().err
+    assert (uninterrupted[0] / "checkpoint.pt").read_bytes() == before
+    assert ddp.main(["--nproc", "2", *CLI, "--resume", "--out", str(tmp_path)]) == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_sync_batchnorm_on_cpu_is_refused(tmp_path, capsys):
+    assert ddp.main(["--nproc", "2", "--sync-bn", "--backend", "gloo", "--out", str(tmp_path)]) == 2
+    assert "SyncBatchNorm, which works only on GPUs" in capsys.readouterr().err
+
+
+def test_a_failing_rank_is_reported_and_the_others_stopped():
+    with pytest.raises(ddp.WorkerFailed, match="(?s)rank 1 exited with code 1.*ValueError: rank 1 cannot go on"):
+        ddp.launch(failing_worker, 2, echo=False)
