@@ -184,7 +184,7 @@ net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(28 * 28, 10))
 optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
 loss_fn = torch.nn.CrossEntropyLoss()
 num_epochs = 5
-animator = Animator(xlabel=tr("epoch", "エポック"), xlim=[1, num_epochs], ylim=[0, 1.2],
+animator = Animator(xlabel=tr("epoch", "エポック"), xlim=[1, num_epochs],
                     legend=[tr("train loss", "訓練損失"), tr("test accuracy", "テスト精度")])
 history = []
 for epoch in range(1, num_epochs + 1):
