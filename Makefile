@@ -54,3 +54,10 @@ serve-book: book
 
 clean-book:
 	$(PY) mparlib/book.py clean
+
+# Speed claims, measured as ratios within one run; each script writes JSON to benchmarks/results/.
+bench: $(STAMP)
+	$(PY) benchmarks/data_iterators.py
+	$(PY) benchmarks/parallel_overhead.py
+	$(PY) benchmarks/ddp_throughput.py
+	$(PY) benchmarks/train_throughput.py

@@ -1,0 +1,249 @@
+"""The fast path of mparlib.train (chapter 07_performance) against the classic loop it must not change.
+
+One step of the fast path with its extras switched off equals the classic fp32 step; its optimizer equals a reference
+SGD; bf16 autocast stays close to fp32; on real Fashion-MNIST a small residual network trained with the fast path
+is at least as accurate as with the classic loop. Small models keep these tests to seconds; the speed itself is
+measured in benchmarks/train_throughput.py, not here.
+"""
+import copy
+import json
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from mparlib import data
+from mparlib import train as T
+from mparlib.models import Residual
+
+CPU = torch.device("cpu")
+HAVE_REAL = all((data.SYSTEM_DIR / (s + ".gz")).is_file() or (data.SYSTEM_DIR / s).is_file()
+                for s in data.FILES["train"] + data.FILES["test"])
+needs_real = pytest.mark.skipif(not HAVE_REAL,
+                                reason="Fashion-MNIST not installed (apt-get install dataset-fashion-mnist)")
+# every extra of the fast path off: what remains must be the classic step
+PLAIN = T.FastPath(channels_last=False, precision="fp32", fused=False, momentum=0.0, nesterov=False, weight_decay=0.0,
+                   label_smoothing=0.0, warmup=None)
+
+
+def small_net(seed=0):
+    """A small residual network with batch norm: (N, 1, H, W) -> (N, 10)."""
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Conv2d(1, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(),
+                         Residual(16, 32, use_1x1conv=True, strides=2), Residual(32, 32),
+                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 10))
+
+
+def batch(n=16, size=12, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return torch.rand(n, 1, size, size, generator=g), torch.randint(0, 10, (n,), generator=g)
+
+
+def synthetic(n, batch_size, seed):
+    """Three easy classes of 8x8 images (bright top, bottom or left half, plus noise), in batches."""
+    g = torch.Generator().manual_seed(seed)
+    y = torch.randint(0, 3, (n,), generator=g)
+    X = 0.3 * torch.randn(n, 1, 8, 8, generator=g)
+    X[y == 0, :, :4, :] += 1.0
+    X[y == 1, :, 4:, :] += 1.0
+    X[y == 2, :, :, :4] += 1.0
+    return [(X[i:i + batch_size], y[i:i + batch_size]) for i in range(0, n, batch_size)]
+
+
+def fast_steps(net, fast, batches, lr):
+    """Run the fast path's helpers (as train() combines them) on ``batches``; return the loss sums."""
+    fast = fast.resolve(CPU)
+    if fast.channels_last:
+        net.to(memory_format=torch.channels_last)
+    opt = T.make_fast_optimizer(net, lr, fast)
+    loss_fn = nn.CrossEntropyLoss(label_smoothing=fast.label_smoothing)
+    dtype = torch.bfloat16 if fast.precision == "bf16" else None
+    out = []
+    for X, y in batches:
+        X, y = T.move_batch_fast(X, y, CPU, fast.channels_last)
+        out.append(T.train_step(net, X, y, loss_fn, opt, lambda: T.autocast_context(CPU, dtype))[0])
+    return out
+
+
+def classic_steps(net, batches, lr):
+    opt, loss_fn = T.make_optimizer(net, lr), nn.CrossEntropyLoss()
+    return [T.train_step(net, *T.move_batch(X, y, CPU), loss_fn, opt, lambda: T.autocast_context(CPU))[0]
+            for X, y in batches]
+
+
+def test_fast_step_with_extras_off_equals_the_classic_step():
+    """Same start, same batches: SGD through the fast helpers (channels_last on) matches the classic fp32 step."""
+    batches = [batch(seed=s) for s in range(3)]
+    classic, fast = small_net(), small_net()
+    losses_c = classic_steps(classic, batches, lr=0.1)
+    losses_f = fast_steps(fast, T.FastPath(**{**PLAIN.to_dict(), "channels_last": True}), batches, lr=0.1)
+    torch.testing.assert_close(torch.stack(losses_f), torch.stack(losses_c), rtol=1e-5, atol=1e-5)
+    for (name, a), b in zip(fast.state_dict().items(), classic.state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=name)
+    assert fast[0].weight.is_contiguous(memory_format=torch.channels_last)
+
+
+def test_fast_optimizer_is_nesterov_sgd_with_decay_on_weights_only():
+    """The fused (or foreach) optimizer equals PyTorch's reference single-tensor SGD over several steps."""
+    fast = T.FastPath().resolve(CPU)
+    net, ref = small_net(), small_net()
+    opt = T.make_fast_optimizer(net, 0.05, fast)
+    decayed = {id(p) for g in opt.param_groups if g["weight_decay"] > 0 for p in g["params"]}
+    assert decayed == {id(p) for p in net.parameters() if p.ndim > 1}
+    assert all(g["momentum"] == 0.9 and g["nesterov"] for g in opt.param_groups)
+    ref_opt = torch.optim.SGD([{"params": [p for p in ref.parameters() if p.ndim > 1], "weight_decay": 5e-4},
+                               {"params": [p for p in ref.parameters() if p.ndim <= 1], "weight_decay": 0.0}],
+                              lr=0.05, momentum=0.9, nesterov=True, foreach=False)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(3):
+        for p, q in zip(net.parameters(), ref.parameters()):
+            p.grad = torch.randn(p.shape, generator=g)
+            q.grad = p.grad.clone()
+        opt.step()
+        ref_opt.step()
+    for p, q in zip(net.parameters(), ref.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7)
+
+
+def test_warmup_cosine_schedule():
+    p = nn.Parameter(torch.zeros(1))
+    opt = torch.optim.SGD([p], lr=0.4)
+    sched = T.warmup_cosine(opt, total_steps=50, warmup=0.2)
+    lrs = []
+    for _ in range(50):
+        lrs.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    rise = lrs[:10]
+    assert rise == pytest.approx([0.4 * (k + 1) / 10 for k in range(10)])  # linear up to the peak lr
+    assert max(lrs) == pytest.approx(0.4) and lrs.index(max(lrs)) == 9
+    assert all(a > b for a, b in zip(lrs[9:], lrs[10:]))  # then falls at every step
+    assert 0 < lrs[-1] < 0.01 * 0.4  # nearly, but not exactly, zero on the last step
+    assert lrs[30] == pytest.approx(0.4 * 0.5 * (1 + math.cos(math.pi * 21 / 41)))
+
+
+def test_bf16_step_is_close_to_fp32():
+    """bf16 autocast (any CPU can run it) changes the loss and gradients only at bf16 precision."""
+    X, y = batch(32, 16)
+    grads, losses = {}, {}
+    for dtype in (None, torch.bfloat16):
+        net = small_net()
+        with T.autocast_context(CPU, dtype):
+            loss = nn.functional.cross_entropy(net(X), y)
+        loss.backward()
+        losses[dtype] = float(loss.detach())
+        grads[dtype] = torch.cat([p.grad.flatten() for p in net.parameters()])
+    assert losses[torch.bfloat16] == pytest.approx(losses[None], rel=2e-2)
+    cos = nn.functional.cosine_similarity(grads[None], grads[torch.bfloat16], dim=0)
+    assert cos > 0.99, f"bf16 gradient direction differs: cosine {float(cos):.4f}"
+
+
+def test_train_with_every_extra_off_matches_the_classic_train():
+    """train(fast=...) is the same loop with other helpers: all extras off gives the classic run's numbers."""
+    data_ = (synthetic(96, 16, 1), synthetic(48, 16, 2))
+    runs = []
+    for fast in (None, PLAIN):
+        net = small_net()
+        h = T.train(net, [CPU], batch_size=16, lr=0.1, num_epochs=2, data=data_, animator=False, init=False,
+                    verbose=False, fast=fast)
+        runs.append((h, net))
+    (hc, nc), (hf, nf) = runs
+    assert hc.fast is None and hf.fast["precision"] == "fp32"
+    assert hf.train_loss == pytest.approx(hc.train_loss, rel=1e-6)
+    assert hf.test_acc == hc.test_acc
+    for (name, a), b in zip(nf.state_dict().items(), nc.state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=name)
+    json.dumps(hf.to_dict())  # the settings are plain data
+
+
+def test_fast_train_learns_and_drops_last_batch_when_asked():
+    torch.manual_seed(0)
+    h = T.train(small_net(), [CPU], batch_size=16, lr=0.05, num_epochs=3,
+                data=(synthetic(200, 16, 1), synthetic(96, 32, 2)), animator=False, verbose=False,
+                fast=T.FastPath(drop_last=True))
+    assert h.test_acc[-1] >= 0.9  # chance is 1/3
+    assert round(h.images_per_s[0] * h.seconds[0]) == 192  # 12 full batches; the last 8 images are skipped
+
+
+def test_warm_up_leaves_the_model_as_it_was():
+    """The compile warm-up runs forward and backward, then restores batch-norm statistics and drops gradients."""
+    net = small_net()
+    before = copy.deepcopy(net.state_dict())
+    X, y = batch()
+    net.train()
+    T._warm_up(net, net, X, y, nn.CrossEntropyLoss(), lambda: T.autocast_context(CPU), steps=2, graphs=False)
+    for (name, a), b in zip(net.state_dict().items(), before.values()):
+        assert torch.equal(a, b), name
+    assert all(p.grad is None for p in net.parameters())
+
+
+def test_settings_resolve_for_the_cpu_and_refuse_bad_values(monkeypatch):
+    s = T.FastPath().resolve("cpu")
+    assert (s.compile, s.cuda_graphs, s.drop_last) == (False, False, False)
+    assert s.precision == ("bf16" if T.cpu_has_bf16() else "fp32")
+    assert T.FastPath(precision="fp32").resolve("cpu").precision == "fp32"
+    assert T.FastPath(compile=True).resolve("cpu").drop_last is True
+    with pytest.raises(ValueError, match="precision"):
+        T.FastPath(precision="fp16").resolve("cpu")
+    with pytest.raises(ValueError, match="needs a CUDA GPU"):
+        T.FastPath(cuda_graphs=True).resolve("cpu")
+    with pytest.raises(ValueError, match="momentum"):
+        T.FastPath(momentum=1.0).resolve("cpu")
+    with pytest.raises(ValueError, match="warmup"):
+        T.FastPath(warmup=1.5).resolve("cpu")
+    with pytest.raises(ValueError, match="fast="):
+        T.train(small_net(), [CPU], batch_size=16, lr=0.1, num_epochs=1, data=(synthetic(32, 16, 1),) * 2,
+                fast="yes")
+    monkeypatch.setenv("MPARLIB_LANG", "ja")
+    with pytest.raises(ValueError, match="CUDA の GPU が必要"):
+        T.FastPath(cuda_graphs=True).resolve("cpu")
+
+
+@needs_real
+def test_fast_path_keeps_accuracy_on_fashion_mnist():
+    """Same network, data, batches and epochs: the fast path's test accuracy is not below the classic loop's."""
+    subset, common = (2000, 500), dict(batch_size=64, num_epochs=2, animator=False, verbose=False, init=False)
+    classic = T.train(small_net(), [CPU], lr=0.1, data=dict(subset=subset, resident=False, num_workers=0), **common)
+    fast = T.train(small_net(), [CPU], lr=0.05, data=dict(subset=subset), fast=True, **common)
+    assert fast.fast["resident"] and fast.fast["channels_last"]
+    assert fast.test_acc[-1] > 0.5  # chance is 0.1
+    assert fast.test_acc[-1] >= classic.test_acc[-1] - 0.02, (classic.test_acc, fast.test_acc)
+
+
+@pytest.mark.gpu
+def test_fast_step_does_not_wait_for_the_gpu():
+    """Batch gathering, forward, backward, fused SGD and the schedule queue work without one host synchronisation."""
+    dev = torch.device("cuda:0")
+    fast = T.FastPath().resolve(dev)
+    net = small_net().to(dev).to(memory_format=torch.channels_last)
+    opt = T.make_fast_optimizer(net, 0.05, fast)
+    sched = T.warmup_cosine(opt, 10, 0.2)
+    loader = data.ResidentLoader((torch.rand(64, 12, 12) * 255).to(torch.uint8), torch.randint(0, 10, (64,)), 16,
+                                 shuffle=False, device=dev)
+    loss_fn = nn.CrossEntropyLoss(label_smoothing=0.1)
+    X0, y0 = next(iter(loader))
+    T.train_step(net, *T.move_batch_fast(X0, y0, dev), loss_fn, opt, lambda: T.autocast_context(dev, torch.bfloat16))
+    torch.cuda.synchronize()
+    total = torch.zeros((), device=dev)
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for X, y in loader:
+            total += T.train_step(net, *T.move_batch_fast(X, y, dev), loss_fn, opt,
+                                  lambda: T.autocast_context(dev, torch.bfloat16))[0]
+            sched.step()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert math.isfinite(float(total))
+
+
+@pytest.mark.gpu
+def test_compiled_fast_path_with_cuda_graphs_learns():
+    dev = torch.device("cuda:0")
+    train_iter = [(X.to(dev), y.to(dev)) for X, y in synthetic(512, 32, 1)]
+    test_iter = [(X.to(dev), y.to(dev)) for X, y in synthetic(256, 64, 2)]
+    h = T.train(small_net(), [dev], batch_size=32, lr=0.05, num_epochs=5, data=(train_iter, test_iter),
+                animator=False, verbose=False, fast=True)
+    assert h.fast["compile"] and h.fast["cuda_graphs"]
+    assert h.fast["precision"] == ("bf16" if T.bf16_native(dev) else "fp32")
+    assert h.test_acc[-1] >= 0.9
