@@ -58,7 +58,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from mparlib import data  # noqa: E402
 from mparlib import train as T  # noqa: E402
 from mparlib.models import resnet18  # noqa: E402
-from mparlib.timing import synchronize  # noqa: E402
+from mparlib.timing import matmul_tflops, synchronize  # noqa: E402
 
 HYPER = {
     "cpu": {
@@ -93,21 +93,6 @@ GOALS = {"gpu_speedup": 10.0, "cpu_speedup": 1.5, "time_to_accuracy_s": 15.0, "a
 
 
 # --- measuring ---------------------------------------------------------------------------------------------
-
-def peak_tflops(device, dtype, n, repeats):
-    """Best TFLOP/s of an n x n x n matrix product (2 n^3 FLOPs), synchronised."""
-    a = torch.randn(n, n, device=device).to(dtype)
-    b = torch.randn(n, n, device=device).to(dtype)
-    torch.mm(a, b)
-    best = float("inf")
-    for _ in range(repeats):
-        synchronize(device)
-        t = time.perf_counter()
-        torch.mm(a, b)
-        synchronize(device)
-        best = min(best, time.perf_counter() - t)
-    return 2 * n ** 3 / best / 1e12
-
 
 def flops_per_image(batch):
     """FLOPs of one training step (forward + backward) of ResNet-18 per 28x28 image, counted by PyTorch."""
@@ -327,9 +312,9 @@ def main(argv=None):
 
     fpi = flops_per_image(HYPER["flops_batch"])
     n_mm = QUICK["matmul_n"] if args.quick else hp["peak"]["matmul_n"]
-    peaks = {"fp32": peak_tflops(device, torch.float32, n_mm, hp["peak"]["repeats"])}
+    peaks = {"fp32": matmul_tflops(device, torch.float32, n_mm, hp["peak"]["repeats"])}
     if T.bf16_native(device):
-        peaks["bf16"] = peak_tflops(device, torch.bfloat16, n_mm, hp["peak"]["repeats"])
+        peaks["bf16"] = matmul_tflops(device, torch.bfloat16, n_mm, hp["peak"]["repeats"])
     result["flops_per_image_train_step"] = round(fpi)
     result["notes"] = [
         "FLOPs are counted by torch.utils.flop_counter (convolutions and matrix products, by their direct formula); "

@@ -11,6 +11,24 @@ def synchronize(device=None):
             torch.cuda.synchronize(device)
 
 
+def matmul_tflops(device, dtype=torch.float32, n=4096, repeats=10):
+    """Best TFLOP/s of an n x n by n x n matrix product (2 n^3 FLOPs), synchronised. Explained in 07_performance.
+
+    The fastest of ``repeats`` runs after one warm-up: a measured peak for this device and precision, the
+    ceiling that the performance chapter and its benchmark compare a training step against.
+    """
+    a, b = (torch.randn(n, n, device=device).to(dtype) for _ in range(2))
+    torch.mm(a, b)
+    best = float("inf")
+    for _ in range(repeats):
+        synchronize(device)
+        t = time.perf_counter()
+        torch.mm(a, b)
+        synchronize(device)
+        best = min(best, time.perf_counter() - t)
+    return 2 * n ** 3 / best / 1e12
+
+
 class Timer:
     """A stopwatch that synchronises CUDA before each reading. Explained in 00_setup.
 

@@ -16,6 +16,7 @@ from torch import nn
 from mparlib import data
 from mparlib import train as T
 from mparlib.models import Residual
+from test_train import synthetic  # the same three-class toy data as the classic loop's tests
 
 CPU = torch.device("cpu")
 HAVE_REAL = all((data.SYSTEM_DIR / (s + ".gz")).is_file() or (data.SYSTEM_DIR / s).is_file()
@@ -38,17 +39,6 @@ def small_net(seed=0):
 def batch(n=16, size=12, seed=1):
     g = torch.Generator().manual_seed(seed)
     return torch.rand(n, 1, size, size, generator=g), torch.randint(0, 10, (n,), generator=g)
-
-
-def synthetic(n, batch_size, seed):
-    """Three easy classes of 8x8 images (bright top, bottom or left half, plus noise), in batches."""
-    g = torch.Generator().manual_seed(seed)
-    y = torch.randint(0, 3, (n,), generator=g)
-    X = 0.3 * torch.randn(n, 1, 8, 8, generator=g)
-    X[y == 0, :, :4, :] += 1.0
-    X[y == 1, :, 4:, :] += 1.0
-    X[y == 2, :, :, :4] += 1.0
-    return [(X[i:i + batch_size], y[i:i + batch_size]) for i in range(0, n, batch_size)]
 
 
 def fast_steps(net, fast, batches, lr):

@@ -64,3 +64,12 @@ def test_accumulator_sums_and_checks_arity():
         acc.add(1)
     acc.reset()
     assert acc.data == [0.0, 0.0]
+
+
+def test_matmul_tflops_is_a_positive_measured_rate():
+    import torch
+
+    from mparlib.timing import matmul_tflops
+
+    small, large = matmul_tflops("cpu", torch.float32, n=64, repeats=2), matmul_tflops("cpu", torch.float32, n=256)
+    assert 0 < small < 1e3 and 0 < large < 1e3

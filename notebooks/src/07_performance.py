@@ -62,7 +62,7 @@ from mparlib import data
 from mparlib import train as T
 from mparlib.lang import tr
 from mparlib.models import init_weights, resnet18
-from mparlib.timing import synchronize
+from mparlib.timing import matmul_tflops, synchronize
 
 print(mparlib.report())
 print(mparlib.profile_line())
@@ -359,20 +359,6 @@ if device.type == "cuda":
 # カーネルの速さを制限するのは、演算（デバイスのピーク FLOP/s）か、メモリの転送量（1秒あたりのバイト数 × 1バイトあたりの FLOP 数、つまり**演算強度**）のどちらかです。**ルーフライン**は、この 2つの限界を 1本の上限として描きます。到達可能な FLOP/s = min(ピーク, 帯域幅 × 演算強度) です。ここでは両方を計測します。ピークは大きな行列積で、帯域幅は大きなコピーで測ります。
 
 # %% tags=["nbval-ignore-output"]
-def matmul_tflops(dtype, n, repeats=10):
-    """Best TFLOP/s of an n x n by n x n matrix product (2 n^3 FLOPs) on ``device``."""
-    a, b = (torch.randn(n, n, device=device).to(dtype) for _ in range(2))
-    torch.mm(a, b)
-    best = math.inf
-    for _ in range(repeats):
-        synchronize(device)
-        t = time.perf_counter()
-        torch.mm(a, b)
-        synchronize(device)
-        best = min(best, time.perf_counter() - t)
-    return 2 * n ** 3 / best / 1e12
-
-
 def copy_gbytes_per_s(nbytes, repeats=10):
     """Best GB/s of copying ``nbytes`` (each byte read once and written once)."""
     x = torch.ones(nbytes // 4, device=device)
@@ -388,9 +374,9 @@ def copy_gbytes_per_s(nbytes, repeats=10):
 
 
 gpu = device.type == "cuda"
-peaks = {"fp32": matmul_tflops(torch.float32, 8192 if gpu else 2048)}
+peaks = {"fp32": matmul_tflops(device, torch.float32, 8192 if gpu else 2048)}
 if T.bf16_native(device):
-    peaks["bf16"] = matmul_tflops(torch.bfloat16, 8192 if gpu else 2048)
+    peaks["bf16"] = matmul_tflops(device, torch.bfloat16, 8192 if gpu else 2048)
 bandwidth = copy_gbytes_per_s(2**30 if gpu else 2**26)
 for name, peak in peaks.items():
     print(f"{name} matmul peak: {peak:8.3f} TFLOP/s   "
