@@ -97,7 +97,8 @@ class Animator:
                 self.Y[i].append(float(b))
         self.ax.cla()
         for xs, ys, fmt in zip(self.X, self.Y, self.fmts):
-            self.ax.plot(xs, ys, fmt)
+            single = {"marker": "o"} if len(xs) == 1 else {}  # a line through one point would be invisible
+            self.ax.plot(xs, ys, fmt, **single)
         self._configure()
         self.show()
 

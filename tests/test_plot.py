@@ -80,3 +80,13 @@ def test_files_written_atomically_get_the_usual_permissions(tmp_path):
         os.umask(umask)
     assert (tmp_path / "a.bin").read_bytes() == b"data"
     assert (tmp_path / "a.bin").stat().st_mode & 0o777 == 0o644
+
+
+def test_a_curve_with_a_single_point_is_still_visible(tmp_path):
+    animator = Animator(legend=["test acc"], path=tmp_path / "one.png")
+    animator.add(1, 0.5)
+    (line,) = animator.ax.get_lines()
+    assert line.get_marker() == "o"
+    animator.add(2, 0.6)
+    (line,) = animator.ax.get_lines()
+    assert line.get_marker() in ("None", None, "")
