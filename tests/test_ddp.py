@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from mparlib import ddp
+from mparlib import ddp, launch
 from mparlib.data import locate, read_split
 from mparlib.parallel import load_checkpoint
 
@@ -176,12 +176,12 @@ def test_missing_rendezvous_variables(monkeypatch, capsys):
 
 
 def test_nccl_needs_one_gpu_per_process(monkeypatch):
-    monkeypatch.setattr(ddp, "num_gpus", lambda: 2)
+    monkeypatch.setattr(launch, "num_gpus", lambda: 2)
     with pytest.raises(ddp.DDPError, match="3 processes .* 2 GPU\\(s\\) .*--nproc 2"):
         ddp.check_gpus("nccl", 3)
     ddp.check_gpus("nccl", 2)
     ddp.check_gpus("gloo", 8)  # gloo runs processes on the CPU: any number
-    monkeypatch.setattr(ddp, "num_gpus", lambda: 0)
+    monkeypatch.setattr(launch, "num_gpus", lambda: 0)
     with pytest.raises(ddp.DDPError, match="nccl backend needs CUDA GPUs"):
         ddp.launch(ddp.one_step_worker, 2, backend="nccl")
 
