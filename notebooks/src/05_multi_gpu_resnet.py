@@ -256,7 +256,7 @@ check_devices([])  # what d2l.try_all_gpus() returns on a machine without a GPU
 # - it initialises every convolution and linear layer with d2l's N(0, 0.01²), lazy layers included, and resets
 #   batch normalization, so a second run on the same model starts afresh;
 # - it plots training loss, training accuracy and test accuracy while it trains (five points per epoch for the
-#   training curves), shows a progress bar over the batches in a terminal, and prints d2l's one-line summary;
+#   training curves), shows a progress bar over the batches (in a terminal and in JupyterLab), and prints d2l's one-line summary;
 # - it returns a `History` with per-epoch loss, accuracies, seconds and images per second. If you stop it
 #   (Ctrl-C, or the stop button in Jupyter), it returns the epochs finished so far instead of losing them.
 #
@@ -273,7 +273,7 @@ check_devices([])  # what d2l.try_all_gpus() returns on a machine without a GPU
 # - `devices` を確かめます（指定した GPU はすべて存在すること、複数のデバイスはすべて GPU であること）。CPU に切り替えて続けるのではなく、わかりやすいエラーを出します。
 # - モデルをラップする**前に** `devices[0]` へ移します。`nn.DataParallel` でラップするのはデバイスが複数あるときだけです（デバイスが 1つならラッパーは余計な仕事を増やすだけです）。
 # - 畳み込み層と線形層をすべて d2l と同じ N(0, 0.01²) で初期化します。遅延層も含みます。バッチ正規化もリセットするので、同じモデルで 2回目を実行しても最初からやり直しになります。
-# - 訓練しながら訓練損失、訓練精度、テスト精度を描きます（訓練の曲線は 1エポックに 5点）。ターミナルではバッチ単位の進捗バーを表示し、最後に d2l と同じ 1行の要約を表示します。
+# - 訓練しながら訓練損失、訓練精度、テスト精度を描きます（訓練の曲線は 1エポックに 5点）。ターミナルと JupyterLab ではバッチ単位の進捗バーを表示し、最後に d2l と同じ 1行の要約を表示します。
 # - エポックごとの損失、精度、秒数、1秒あたりの画像数を記録した `History` を返します。途中で止めても（Ctrl-C や Jupyter の停止ボタン）、それまでに終わったエポックの記録を失わずに返します。
 #
 # d2l と同じく、訓練損失と訓練精度は 1エポックの全バッチの平均で、重みが変わっていく途中で測った値です。テスト精度はエポックの終わりに 1回だけ測ります。そのため短い最初のエポックの後では、訓練精度はテストで評価されるモデルの実力より低めに出ます。
