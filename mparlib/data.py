@@ -284,6 +284,18 @@ class _OnDevice:
             yield x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
 
 
+def to_float(images, resize=None):
+    """uint8 images ``(B, 28, 28)`` -> float32 ``(B, 1, H, W)`` in [0, 1], as ``ToTensor``. Explained in 00_setup.
+
+    Runs on whatever device the images are on; ``resize`` (an int or ``(h, w)``) resizes bilinearly, antialiased.
+    """
+    x = images.unsqueeze(1).float().div_(255)  # (B, 1, 28, 28)
+    if resize is not None:
+        size = (resize, resize) if isinstance(resize, int) else tuple(resize)
+        x = F.interpolate(x, size=size, mode="bilinear", align_corners=False, antialias=True)
+    return x
+
+
 class ResidentLoader:
     """The whole split as one uint8 tensor on ``device``, batched and normalised there. Explained in 07_performance.
 
@@ -307,10 +319,7 @@ class ResidentLoader:
         order = torch.randperm(n, generator=self.generator).to(self.device) if self.shuffle else None
         for start in range(0, n, b):
             idx = order[start:start + b] if order is not None else slice(start, start + b)
-            x = self.images[idx].unsqueeze(1).float().div_(255)  # (B, 1, 28, 28), as ToTensor
-            if self.resize is not None:
-                x = F.interpolate(x, size=self.resize, mode="bilinear", align_corners=False, antialias=True)
-            yield x, self.labels[idx]
+            yield to_float(self.images[idx], self.resize), self.labels[idx]
 
 
 def _sizes(subset):

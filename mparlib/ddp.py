@@ -22,10 +22,10 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.nn import functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
+from .data import to_float  # noqa: F401  (re-exported for the chapter: ddp.to_float)
 from .lang import tr
 from .launch import (  # noqa: F401  (check_gpus, check_port, free_port: re-exported for the chapter)
     RENDEZVOUS_VARS, DDPError, WorkerFailed, check_gpus, check_port, choose_backend, free_port, launch, process_group,
@@ -92,14 +92,6 @@ def load_split_tensors(split, n=None, root=None):
                               f"{split} のデータが {n}個指定されましたが、{split} セットには {len(labels)}個しかありません。"))
         images, labels = images[:n], labels[:n]
     return images, labels
-
-
-def to_float(x, resize=None):
-    """uint8 images ``(B, 28, 28)`` -> float32 ``(B, 1, H, W)`` in [0, 1], as ``ToTensor`` (and resize). Explained in 06_ddp."""
-    x = x.unsqueeze(1).float().div_(255)
-    if resize:
-        x = F.interpolate(x, size=(resize, resize), mode="bilinear", align_corners=False, antialias=True)
-    return x
 
 
 def check_split(n_examples, global_batch, world_size, what="training"):

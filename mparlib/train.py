@@ -18,6 +18,7 @@ cosine learning-rate schedule, label smoothing, optional ``torch.compile`` and C
 """
 import argparse
 import contextlib
+import functools
 import json
 import math
 import os
@@ -169,6 +170,7 @@ def train_step(net, X, y, loss_fn, optimizer, autocast=contextlib.nullcontext):
 
 # --- the fast path: the same loop with faster helpers (07_performance) ---------------------------------------
 
+@functools.lru_cache(maxsize=None)
 def cpu_has_bf16():
     """True when the CPU has bf16 dot-product instructions (AVX512-BF16 or AMX). Explained in 07_performance.
 
