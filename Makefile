@@ -24,7 +24,7 @@ install: $(STAMP)
 # JupyterLab on this machine only, with token authentication (the URL with the token is printed and opened in
 # the browser). tests/e2e starts it with the same command.
 lab: $(STAMP)
-	$(PY) tools/lab.py --host $(HOST) --port $(PORT)
+	$(PY) tools/lab.py --host '$(HOST)' --port '$(PORT)'
 
 # Unit tests, the browser tests, and nbval over every stored notebook in both languages.
 test: $(STAMP)
@@ -38,22 +38,23 @@ check-notebooks: $(STAMP)
 	$(PY) tools/notebooks.py check
 
 # The course as a static bilingual book from the stored notebooks: site/en, site/ja (Pagefind search) and
-# site/index.html. EXECUTE=1 re-executes every notebook first; SITE_URL=/course/ when site/ is hosted under a
-# sub-path. (mparlib/book.py runs as a script: `python -m mparlib.book` works too but imports torch first.)
+# site/index.html, every page sanitized and with a Content-Security-Policy. EXECUTE=1 re-executes every notebook
+# first; SITE_URL=/course/ when site/ is hosted under a sub-path (slashes are added where missing). The builder
+# is tools/book.py (with tools/book_*.py); it imports neither torch nor the course package.
 EXECUTE   ?= 0
 SITE_URL  ?= /
 BOOK_PORT ?= 8000
 
 book: $(STAMP)
 	@if [ "$(EXECUTE)" = 1 ]; then $(PY) tools/notebooks.py build; fi
-	$(PY) mparlib/book.py build --site-url '$(SITE_URL)'
+	$(PY) tools/book.py build --site-url '$(SITE_URL)'
 
 # The built book on this machine only (Pagefind's search needs http, not file://).
 serve-book: book
-	$(PY) mparlib/book.py serve --host $(HOST) --port $(BOOK_PORT)
+	$(PY) tools/book.py serve --host $(HOST) --port $(BOOK_PORT)
 
 clean-book:
-	$(PY) mparlib/book.py clean
+	$(PY) tools/book.py clean
 
 # Speed claims, measured as ratios within one run; each script writes JSON to benchmarks/results/.
 bench: $(STAMP)
@@ -61,3 +62,10 @@ bench: $(STAMP)
 	$(PY) benchmarks/parallel_overhead.py
 	$(PY) benchmarks/ddp_throughput.py
 	$(PY) benchmarks/train_throughput.py
+
+# On a machine with a CUDA GPU: every GPU path once in about 10 minutes (the GPU tests, the benchmarks' GPU modes,
+# the chapters in the full profile), results in gpu-results/; without a GPU it stops at once with exit code 2.
+# Needs no venv (a GPU machine without network has none): GPU_CHECK_ARGS="--dry-run" prints the plan.
+.PHONY: gpu-check
+gpu-check:
+	bash tools/gpu_check.sh $(GPU_CHECK_ARGS)

@@ -35,8 +35,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from mparlib import ddp  # noqa: E402
+from mparlib import throughput  # noqa: E402
 from mparlib.devices import num_gpus  # noqa: E402
+from mparlib.launch import launch  # noqa: E402
 
 HYPER = {
     "model": "resnet18",
@@ -65,12 +66,12 @@ def cpu_rows(h):
     cores = os.cpu_count() or 1
     rows = []
     torch.set_num_threads(cores)
-    one = best(lambda: ddp.dataparallel_throughput(h["model"], batch_size=h["global_batch"], steps=h["steps"],
+    one = best(lambda: throughput.dataparallel(h["model"], batch_size=h["global_batch"], steps=h["steps"],
                                                    warmup=h["warmup"], devices=[torch.device("cpu")]), h["repeats"])
     rows.append({"config": f"1 process, {cores} threads (nn.DataParallel is a pass-through on CPU)", **one})
     if cores > 1:
         torch.set_num_threads(1)
-        single = best(lambda: ddp.dataparallel_throughput(h["model"], batch_size=h["global_batch"], steps=h["steps"],
+        single = best(lambda: throughput.dataparallel(h["model"], batch_size=h["global_batch"], steps=h["steps"],
                                                           warmup=h["warmup"], devices=[torch.device("cpu")]),
                       h["repeats"])
         rows.append({"config": "1 process, 1 thread", **single})
@@ -78,8 +79,9 @@ def cpu_rows(h):
     for nproc in sorted({2, cores} - {1}):
         if h["global_batch"] % nproc:
             continue
-        r = best(lambda: ddp.launch(ddp.throughput_worker, nproc, h["model"], per_rank_batch=h["global_batch"] // nproc,
-                                    steps=h["steps"], warmup=h["warmup"], backend="gloo", echo=False), h["repeats"])
+        r = best(lambda: launch(throughput.ddp_worker, nproc, args=(h["model"],),
+                             kwargs=dict(per_rank_batch=h["global_batch"] // nproc, steps=h["steps"],
+                                         warmup=h["warmup"]), backend="gloo", echo=False), h["repeats"])
         rows.append({"config": f"DDP, {nproc} gloo processes x {r['threads']} thread(s)", **r})
     return rows
 
@@ -90,11 +92,12 @@ def gpu_rows(h):
     rows = []
     for k in sorted({1, n}):
         devices = [torch.device("cuda", i) for i in range(k)]
-        r = best(lambda: ddp.dataparallel_throughput(h["model"], batch_size=per * k, steps=h["steps"],
+        r = best(lambda: throughput.dataparallel(h["model"], batch_size=per * k, steps=h["steps"],
                                                      warmup=h["warmup"], devices=devices), h["repeats"])
         rows.append({"config": f"nn.DataParallel over {k} GPU(s)", **r})
-        r = best(lambda: ddp.launch(ddp.throughput_worker, k, h["model"], per_rank_batch=per, steps=h["steps"],
-                                    warmup=h["warmup"], backend="nccl", echo=False), h["repeats"])
+        r = best(lambda: launch(throughput.ddp_worker, k, args=(h["model"],),
+                             kwargs=dict(per_rank_batch=per, steps=h["steps"], warmup=h["warmup"]),
+                             backend="nccl", echo=False), h["repeats"])
         rows.append({"config": f"DDP, {k} nccl process(es)", **r})
     return rows
 

@@ -55,7 +55,7 @@ import torch
 import torchvision
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from mparlib import data  # noqa: E402
+from mparlib import data, fastpath, loaders  # noqa: E402
 from mparlib import train as T  # noqa: E402
 from mparlib.models import resnet18  # noqa: E402
 from mparlib.timing import matmul_tflops, synchronize  # noqa: E402
@@ -112,8 +112,8 @@ def baseline_loaders(images, labels, test_images, test_labels, batch_size, devic
     workers = min(4, os.cpu_count() or 1)  # d2l uses 4 workers
     pin = device.type == "cuda"
     gen = torch.Generator().manual_seed(HYPER["seed"])
-    train_set = data.FashionMNIST(images, labels, transforms.ToTensor())
-    test_set = data.FashionMNIST(test_images, test_labels, transforms.ToTensor())
+    train_set = loaders.FashionMNIST(images, labels, transforms.ToTensor())
+    test_set = loaders.FashionMNIST(test_images, test_labels, transforms.ToTensor())
     train_iter = torch.utils.data.DataLoader(train_set, batch_size, shuffle=True, generator=gen, num_workers=workers,
                                              pin_memory=pin, persistent_workers=workers > 0)
     test_iter = torch.utils.data.DataLoader(test_set, batch_size)
@@ -123,8 +123,8 @@ def baseline_loaders(images, labels, test_images, test_labels, batch_size, devic
 def fast_loaders(images, labels, test_images, test_labels, batch_size, device):
     """The fast path's input: the uint8 images on the device, batches gathered and normalised there."""
     gen = torch.Generator().manual_seed(HYPER["seed"])
-    return (data.ResidentLoader(images, labels, batch_size, shuffle=True, device=device, generator=gen),
-            data.ResidentLoader(test_images, test_labels, batch_size, shuffle=False, device=device))
+    return (loaders.ResidentLoader(images, labels, batch_size, shuffle=True, device=device, generator=gen),
+            loaders.ResidentLoader(test_images, test_labels, batch_size, shuffle=False, device=device))
 
 
 def throughput(device, hp, quick):
@@ -141,7 +141,7 @@ def throughput(device, hp, quick):
     runs = {}
     for name, cfg in configs.items():
         torch.manual_seed(HYPER["seed"])
-        fast = T.FastPath(**cfg["fast"]) if "fast" in cfg else None
+        fast = fastpath.FastPath(**cfg["fast"]) if "fast" in cfg else None
         make = fast_loaders if fast is not None else baseline_loaders
         loaders = make(images[:n], labels[:n], test_images[:n_eval], test_labels[:n_eval], cfg["batch_size"], device)
         runs[name] = {"net": resnet18(10), "fast": fast, "data": loaders, "batch_size": cfg["batch_size"],
@@ -207,7 +207,7 @@ def train_to_accuracy(device, hp, which, subset, num_epochs, quick):
                 raise
             error = f"{type(e).__name__}: {e}"
             traceback.print_exc()
-            fast = T.FastPath(compile=False)
+            fast = fastpath.FastPath(compile=False)
     wall = time.perf_counter() - t
     return {"loop": which, "batch_size": cfg["batch_size"], "lr": cfg["lr"], "num_epochs": num_epochs,
             "error_with_compile": error,
@@ -249,7 +249,7 @@ def host_kind():
 def hardware(device):
     hw = {"host_kind": host_kind(), "device": str(device), "cpu": platform.processor() or platform.machine(),
           "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-          "cpu_has_bf16": T.cpu_has_bf16(), "load_average_1min": round(os.getloadavg()[0], 2)}
+          "cpu_has_bf16": fastpath.cpu_has_bf16(), "load_average_1min": round(os.getloadavg()[0], 2)}
     try:
         hw["cpu_model"] = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
                                if line.startswith("model name"))
@@ -313,7 +313,7 @@ def main(argv=None):
     fpi = flops_per_image(HYPER["flops_batch"])
     n_mm = QUICK["matmul_n"] if args.quick else hp["peak"]["matmul_n"]
     peaks = {"fp32": matmul_tflops(device, torch.float32, n_mm, hp["peak"]["repeats"])}
-    if T.bf16_native(device):
+    if fastpath.bf16_native(device):
         peaks["bf16"] = matmul_tflops(device, torch.bfloat16, n_mm, hp["peak"]["repeats"])
     result["flops_per_image_train_step"] = round(fpi)
     result["notes"] = [

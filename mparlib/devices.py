@@ -7,6 +7,9 @@ import platform
 
 import torch
 
+from .errors import ConfigError, DeviceError
+from .lang import tr
+
 PROFILES = ("smoke", "full")
 
 
@@ -38,19 +41,106 @@ def try_all_gpus():
 
 def require_gpus(n):
     """Return the first ``n`` GPUs, or raise a clear error if the machine has fewer. Explained in 05_multi_gpu_resnet."""
-    from .lang import tr
-
+    if not (isinstance(n, int) and not isinstance(n, bool) and n >= 1):
+        raise ConfigError(tr(f"require_gpus({n!r}): ask for a positive number of GPUs, such as 2.",
+                             f"require_gpus({n!r}): GPU の枚数は 2 のような正の整数で指定してください。"))
     have = num_gpus()
     if n > have:
-        raise RuntimeError(tr(
-            f"This run asks for {n} GPU(s) but PyTorch sees {have}. "
-            f"Ask for at most {have}, or pass devices=mparlib.try_all_gpus() to use what exists "
-            f"(the CPU when there is no GPU).",
-            f"{n}枚の GPU が必要ですが、PyTorch から見える GPU は {have}枚です。"
-            f"{have}枚以下を指定するか、devices=mparlib.try_all_gpus() で使えるデバイス"
-            f"（GPU がなければ CPU）を使ってください。",
-        ))
+        fix_en = (f"Ask for at most {have}, or pass" if have else "Run it on a machine with GPUs, or pass")
+        fix_ja = (f"{have}枚以下を指定するか、" if have else "GPU のあるマシンで実行するか、")
+        raise DeviceError(tr(
+            f"This run asks for {n} GPU(s) but PyTorch sees {have}. {fix_en} devices=mparlib.try_all_gpus() to use "
+            "what exists (the CPU when there is no GPU).",
+            f"GPU が {n}枚必要ですが、PyTorch から見える GPU は {have}枚です。{fix_ja}devices=mparlib.try_all_gpus() で"
+            "使えるデバイス（GPU がなければ CPU）を使ってください。"))
     return [torch.device(f"cuda:{i}") for i in range(n)]
+
+
+def _gpus_here():
+    have = num_gpus()
+    if have == 0:
+        return tr("this machine has no CUDA GPU", "このマシンには CUDA の GPU がありません")
+    names = ", ".join(f"cuda:{i}" for i in range(have))
+    return tr(f"this machine has {have} CUDA GPU(s) ({names})", f"このマシンの CUDA の GPU は {have}枚（{names}）です")
+
+
+def _parse_device(device, what):
+    """``device`` as a ``torch.device`` (ints: GPU numbers, ``-1`` the CPU), not yet checked to exist."""
+    if isinstance(device, bool):
+        device = repr(device)  # True/False are ints to Python, never devices
+    try:
+        if isinstance(device, int):
+            return torch.device("cpu") if device == -1 else torch.device("cuda", device)
+        return torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        raise DeviceError(tr(f"{what}={device!r} is not a device; use e.g. 'cpu', 'cuda:0' or the GPU number 0.",
+                             f"{what}={device!r} はデバイスではありません。'cpu'、'cuda:0'、または GPU の番号 0 のように"
+                             "指定してください。")) from None
+
+
+def check_device(device, what="device"):
+    """One device as a ``torch.device`` that exists on this machine, or a clear error. Explained in 03_primitives.
+
+    Accepts ``torch.device``, strings (``"cpu"``, ``"cuda:1"``) and ints: ``i`` is GPU ``i`` and ``-1`` the CPU, as in
+    ``torch.nn.parallel``. ``"cuda"`` without an index means the current GPU. This is the course's one device check:
+    every function that takes devices calls it (directly or through :func:`check_devices`).
+    """
+    device = _parse_device(device, what)
+    if device.type == "cuda":
+        have = num_gpus()
+        index = device.index if device.index is not None else (torch.cuda.current_device() if have else 0)
+        if index >= have:
+            raise DeviceError(tr(
+                f"{what}=cuda:{index} does not exist: {_gpus_here()}. Use the devices from mparlib.try_all_gpus(), "
+                "or ['cpu'] * k to simulate k devices on the CPU.",
+                f"{what}=cuda:{index} は存在しません（{_gpus_here()}）。mparlib.try_all_gpus() が返すデバイスを使うか、"
+                "['cpu'] * k で CPU 上に k 個のデバイスを模擬してください。"))
+        return torch.device("cuda", index)
+    if device.type != "cpu":
+        raise DeviceError(tr(
+            f"{what}={str(device)!r}: the course runs on CUDA GPUs and the CPU only; use 'cuda:N' or 'cpu'.",
+            f"{what}={str(device)!r}: このコースが使うのは CUDA の GPU と CPU だけです。'cuda:N' か 'cpu' を指定して"
+            "ください。"))
+    return device
+
+
+def check_devices(devices, what="devices"):
+    """A non-empty list of existing devices, all of one kind (GPUs, or the CPU listed k times). Explained in 05_multi_gpu_resnet.
+
+    Data parallelism splits a batch over devices of one kind: all GPUs (``mparlib.try_all_gpus()``) or, to simulate
+    ``k`` devices on a laptop, ``["cpu"] * k``. A single device (not in a list) is refused, because it usually
+    means ``devices=torch.device("cuda")`` was meant as ``[torch.device("cuda")]``.
+    """
+    if isinstance(devices, (str, int, torch.device)):
+        raise DeviceError(tr(
+            f"{what} must be a list of devices such as ['cuda:0', 'cuda:1'] or ['cpu'] * 2, not the single "
+            f"device {devices!r}: write [{devices!r}].",
+            f"{what} には ['cuda:0', 'cuda:1'] や ['cpu'] * 2 のようなデバイスのリストを渡してください。1つのデバイス "
+            f"{devices!r} ではなく [{devices!r}] と書きます。"))
+    try:
+        items = list(devices)
+    except TypeError:
+        raise DeviceError(tr(f"{what}={devices!r} is not a list of devices; use e.g. mparlib.try_all_gpus().",
+                             f"{what}={devices!r} はデバイスのリストではありません。mparlib.try_all_gpus() などを"
+                             "渡してください。")) from None
+    if not items:
+        raise DeviceError(tr(
+            f"{what} is empty (d2l.try_all_gpus() returns [] on a machine without a GPU). "
+            "Pass mparlib.try_all_gpus(), which falls back to [cpu].",
+            f"{what} が空です（GPU のないマシンでは d2l.try_all_gpus() が [] を返します）。"
+            "CPU だけのときは [cpu] を返す mparlib.try_all_gpus() を渡してください。"))
+    parsed = [_parse_device(d, what) for d in items]
+    kinds = {d.type for d in parsed}
+    if len(kinds) > 1:
+        shown = ", ".join(str(d) for d in parsed)
+        raise DeviceError(tr(
+            f"Expected a non cpu device, but got: cpu. The list [{shown}] mixes kinds of device; data parallelism "
+            "needs one kind: all GPUs (mparlib.try_all_gpus()) or the CPU listed k times (['cpu'] * k) to simulate "
+            "k devices.",
+            f"Expected a non cpu device, but got: cpu（PyTorch のメッセージ）。リスト [{shown}] には種類の違うデバイスが"
+            "混ざっています。データ並列に使うデバイスは1種類にそろえます。すべて GPU（mparlib.try_all_gpus()）にするか、"
+            "CPU を k 回並べて（['cpu'] * k）k 個のデバイスを模擬してください。"))
+    return [check_device(d, what) for d in parsed]
 
 
 def profile():
@@ -62,15 +152,15 @@ def profile():
     env = os.environ.get("MPARLIB_PROFILE", "").strip().lower()
     if env:
         if env not in PROFILES:
-            raise ValueError(f"MPARLIB_PROFILE={env!r} is not a profile; use 'smoke' or 'full'.")
+            raise ConfigError(tr(f"MPARLIB_PROFILE={env!r} is not a profile; use 'smoke' or 'full'.",
+                                 f"MPARLIB_PROFILE={env!r} はプロファイルではありません。'smoke' か 'full' を指定して"
+                                 "ください。"))
         return env
     return "full" if num_gpus() > 0 else "smoke"
 
 
 def profile_line():
-    """One sentence saying which profile runs and how to change it (shown near the top of every notebook)."""
-    from .lang import tr
-
+    """One sentence saying which profile runs and how to change it (near the top of every notebook). Explained in 00_setup."""
     p = profile()
     other = "full" if p == "smoke" else "smoke"
     return tr(

@@ -1,16 +1,18 @@
-"""The course's two languages: which one a notebook speaks, and its strings.
+"""The course's two languages: which one a notebook speaks, and its strings. Explained in 00_setup.
 
 Code cells are identical in `notebooks/en` and `notebooks/ja`; only what they *show* (figure labels,
-class names, messages) follows the edition. Explained in 00_setup.
+class names, messages) follows the edition.
 """
 import os
 from pathlib import Path
 
+from .errors import ConfigError
+
 LANGS = ("en", "ja")
 
 
-def lang():
-    """Return the language of the running notebook, ``"en"`` or ``"ja"``. Explained in 00_setup.
+def language():
+    """The language of the running notebook, ``"en"`` or ``"ja"``. Explained in 00_setup.
 
     ``$MPARLIB_LANG`` wins; otherwise a kernel started in ``notebooks/ja`` (JupyterLab and nbval start
     kernels in the notebook's folder) speaks Japanese; everything else speaks English.
@@ -18,7 +20,9 @@ def lang():
     env = os.environ.get("MPARLIB_LANG", "").strip().lower()
     if env:
         if env not in LANGS:
-            raise ValueError(f"MPARLIB_LANG={env!r} is not a course language; use one of {LANGS}.")
+            # Both languages at once: the setting that picks the language is the one that is broken.
+            raise ConfigError(f"MPARLIB_LANG={env!r} is not a course language; use one of {LANGS}. "
+                             f"MPARLIB_LANG={env!r} はコースの言語ではありません。{LANGS} のどれかを指定してください。")
         return env
     cwd = Path.cwd()
     return "ja" if cwd.name == "ja" and cwd.parent.name == "notebooks" else "en"
@@ -26,4 +30,4 @@ def lang():
 
 def tr(en, ja):
     """Pick the string for the current language: ``tr("Epoch", "エポック")``. Explained in 00_setup."""
-    return ja if lang() == "ja" else en
+    return ja if language() == "ja" else en

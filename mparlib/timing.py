@@ -1,14 +1,18 @@
-"""Timing that tells the truth on GPUs, and a running sum of metrics. Explained in 00_setup."""
+"""Timing that tells the truth on GPUs: a synchronising stopwatch and a measured matmul peak. Explained in 00_setup."""
 import time
 
 import torch
 
+from .devices import check_device
+from .errors import ConfigError
+from .lang import tr
+
 
 def synchronize(device=None):
     """Wait for queued GPU work so a clock reading includes it (no-op without CUDA). Explained in 00_setup."""
-    if torch.cuda.is_available():
-        if device is None or torch.device(device).type == "cuda":
-            torch.cuda.synchronize(device)
+    device = None if device is None else check_device(device, "device")
+    if torch.cuda.is_available() and (device is None or device.type == "cuda"):
+        torch.cuda.synchronize(device)
 
 
 def matmul_tflops(device, dtype=torch.float32, n=4096, repeats=10):
@@ -17,6 +21,16 @@ def matmul_tflops(device, dtype=torch.float32, n=4096, repeats=10):
     The fastest of ``repeats`` runs after one warm-up: a measured peak for this device and precision, the
     ceiling that the performance chapter and its benchmark compare a training step against.
     """
+    device = check_device(device, "device")
+    for name, value in (("n", n), ("repeats", repeats)):
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ConfigError(tr(f"matmul_tflops: {name}={value!r} must be a positive int.",
+                                 f"matmul_tflops: {name}={value!r} には正の整数を指定してください。"))
+    if not (isinstance(dtype, torch.dtype) and (dtype.is_floating_point or dtype.is_complex)):
+        raise ConfigError(tr(f"matmul_tflops: dtype={dtype!r}; use a floating-point torch dtype such as "
+                             "torch.float32 or torch.bfloat16.",
+                             f"matmul_tflops: dtype={dtype!r} は使えません。torch.float32 や torch.bfloat16 のような"
+                             "浮動小数点の dtype を指定してください。"))
     a, b = (torch.randn(n, n, device=device).to(dtype) for _ in range(2))
     torch.mm(a, b)
     best = float("inf")
@@ -37,7 +51,7 @@ class Timer:
     """
 
     def __init__(self, device=None):
-        self.device = device
+        self.device = None if device is None else check_device(device, "device")
         self.times = []
         self._start = None
 
@@ -49,7 +63,10 @@ class Timer:
     def stop(self):
         """Stop the stopwatch, record the lap and return its length in seconds."""
         if self._start is None:
-            raise RuntimeError("Timer.stop() called before Timer.start().")
+            raise ConfigError(tr("Timer.stop() called before Timer.start(); start the stopwatch first (or use "
+                                 "`with timer:`).",
+                                 "Timer.start() より前に Timer.stop() が呼ばれました。先に計測を始めるか、"
+                                 "`with timer:` を使ってください。"))
         synchronize(self.device)
         self.times.append(time.perf_counter() - self._start)
         self._start = None
@@ -63,8 +80,13 @@ class Timer:
         self.stop()
 
     def avg(self):
-        """Mean lap time in seconds."""
-        return sum(self.times) / len(self.times) if self.times else 0.0
+        """Mean lap time in seconds; an error before the first lap (an average of nothing is not 0 s)."""
+        if not self.times:
+            raise ConfigError(tr("Timer.avg(): no lap was recorded yet; time something first (start/stop or "
+                                 "`with timer:`).",
+                                 "Timer.avg(): まだ 1回も計測していません。先に start/stop か `with timer:` で"
+                                 "計測してください。"))
+        return sum(self.times) / len(self.times)
 
     def sum(self):
         """Total of all laps in seconds."""
@@ -77,21 +99,3 @@ class Timer:
             total += t
             out.append(total)
         return out
-
-
-class Accumulator:
-    """Sums ``n`` running quantities, e.g. (loss sum, correct, count). Explained in 05_multi_gpu_resnet."""
-
-    def __init__(self, n):
-        self.data = [0.0] * n
-
-    def add(self, *args):
-        if len(args) != len(self.data):
-            raise ValueError(f"Accumulator holds {len(self.data)} values, got {len(args)}.")
-        self.data = [a + float(b) for a, b in zip(self.data, args)]
-
-    def reset(self):
-        self.data = [0.0] * len(self.data)
-
-    def __getitem__(self, i):
-        return self.data[i]

@@ -6,17 +6,18 @@ works over http. Screenshots go to tests/artifacts/.
 import functools
 import json
 import re
+import sys
 import threading
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
-from mparlib import book
-
 pytestmark = pytest.mark.browser
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+import book  # noqa: E402
 ARTIFACTS = ROOT / "tests" / "artifacts"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
                  "--disable-sync"]
@@ -49,16 +50,30 @@ def browser():
         chromium.close()
 
 
+# Every Content-Security-Policy violation on a page, as the browser reports it to the page itself.
+RECORD_VIOLATIONS = """window.__violations = [];
+document.addEventListener('securitypolicyviolation',
+    e => window.__violations.push(e.violatedDirective + ' ' + (e.blockedURI || 'inline')));"""
+
+
 @pytest.fixture
 def page(browser, www):
-    """A fresh page that records every request and script error."""
+    """A fresh page that records every request, script error and policy violation (console or event)."""
     context = browser.new_context(viewport={"width": 1200, "height": 900})
+    context.add_init_script(RECORD_VIOLATIONS)
     pg = context.new_page()
-    pg.requests, pg.errors = [], []
+    pg.requests, pg.errors, pg.console = [], [], []
     pg.on("request", lambda r: pg.requests.append(r.url))
     pg.on("pageerror", lambda e: pg.errors.append(str(e)))
+    pg.on("console", lambda m: pg.console.append(m.text) if m.type == "error" else None)
     yield pg
     context.close()
+
+
+def no_violations(pg):
+    """The page reported no policy violation and no console error (a blocked script logs one)."""
+    assert pg.evaluate("window.__violations") == [], pg.evaluate("window.__violations")
+    assert [m for m in pg.console if "Content Security Policy" in m or "Content-Security-Policy" in m] == []
 
 
 def search(pg, term):
@@ -81,8 +96,9 @@ def only_local(pg, base):
     assert outside == [], f"the book fetched from outside the site: {outside}"
 
 
-def test_tiny_book_japanese_search_math_and_switch(page, www):
-    """Compound words (勾配降下法, データ並列) find their chapter; math renders as MathML; the switch lands right."""
+@pytest.fixture(scope="module")
+def tiny_book(www):
+    """The tiny course of test_book built into the served folder, at /tiny/."""
     folder, base = www
     try:
         from test_book import make_tiny_notebooks
@@ -91,7 +107,12 @@ def test_tiny_book_japanese_search_math_and_switch(page, www):
 
     nbdir = make_tiny_notebooks(folder.parent / "tiny-src")
     book.build(notebooks=nbdir, out=folder / "tiny", stage_dir=folder.parent / "tiny-stage", log=lambda *a: None)
+    return base
 
+
+def test_tiny_book_japanese_search_math_and_switch(page, tiny_book):
+    """Compound words (勾配降下法, データ並列) find their chapter; math renders as MathML; the switch lands right."""
+    base = tiny_book
     page.goto(f"{base}/tiny/ja/01_math.html")
     assert page.get_attribute("html", "lang") == "ja"
     for term in ("勾配降下法", "データ並列"):
@@ -113,11 +134,29 @@ def test_tiny_book_japanese_search_math_and_switch(page, www):
     assert "stderr" in stderr[2] and stdout[2] in ("none", "normal"), looks  # labelled
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "book-tiny-ja-search.png"))
+    no_violations(page)  # search, its WebAssembly and mdBook's scripts all run under the page's policy
     page.click("a.mparlib-lang")
     page.wait_for_url(f"{base}/tiny/en/01_math.html")
     assert page.get_attribute("html", "lang") == "en"
     assert search(page, "averaging") == ["/tiny/en/01_math.html"]
+    no_violations(page)
+    # The policy is enforced, not only written: a script put into the page now does not run, and is reported.
+    page.evaluate("""() => { const s = document.createElement('script');
+                             s.textContent = 'window.__injected = true'; document.body.appendChild(s); }""")
+    page.wait_for_function("window.__violations.length > 0", timeout=5000)
+    assert page.evaluate("window.__injected === undefined")
+    assert page.evaluate("window.__violations")[0].startswith("script-src")
     only_local(page, base)
+    assert page.errors == []
+
+
+def test_search_without_a_worker_runs_under_the_policy(page, tiny_book):
+    """Where no web worker can start, Pagefind runs its WebAssembly on the page itself: the policy allows that."""
+    page.add_init_script("delete window.Worker;")
+    page.goto(f"{tiny_book}/tiny/en/01_math.html")
+    assert page.evaluate("typeof Worker") == "undefined"
+    assert search(page, "averaging") == ["/tiny/en/01_math.html"]
+    no_violations(page)
     assert page.errors == []
 
 
@@ -158,5 +197,6 @@ def test_real_book_japanese_search_and_language_switch(page, www):
     assert page.get_attribute("html", "lang") == "en"
     assert page.locator("a.mparlib-lang").get_attribute("href") == f"../ja/{chapter}.html"
     page.screenshot(path=str(ARTIFACTS / "book-en-switched.png"), full_page=False)
+    no_violations(page)
     only_local(page, base)
     assert page.errors == []

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from mparlib import data
+from mparlib import data, loaders, sources
+from mparlib.errors import ConfigError, DeviceError
 
 REAL = data.SYSTEM_DIR
 HAVE_REAL = all((REAL / (s + ".gz")).is_file() or (REAL / s).is_file() for s in data.FILES["train"] + data.FILES["test"])
@@ -49,7 +50,8 @@ def snapshot(folder):
 @pytest.fixture
 def offline(tmp_path, monkeypatch):
     """No system data, an empty user cache, no $MPARLIB_DATA, and a torchvision mirror that is an empty local folder."""
-    monkeypatch.setattr(data, "SYSTEM_DIR", tmp_path / "system")
+    monkeypatch.setattr(sources, "SYSTEM_DIR", tmp_path / "system")
+    monkeypatch.setattr(data, "SYSTEM_DIR", tmp_path / "system")  # the same name, re-exported
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     monkeypatch.delenv("MPARLIB_DATA", raising=False)
     from torchvision.datasets import FashionMNIST
@@ -70,7 +72,7 @@ def epoch(it):
 def test_read_idx_round_trip_and_checksum_of_content(tmp_path, gz):
     a = torch.randint(0, 256, (3, 28, 28), dtype=torch.uint8)
     path = write(tmp_path / "x", idx_bytes(a), gz)
-    t, sha = data.read_idx(path, 3)
+    t, sha = data._read_idx(path, 3)
     assert torch.equal(t, a) and t.dtype == torch.uint8
     assert sha == hashlib.sha256(idx_bytes(a)).hexdigest()  # of the decompressed content, not the .gz bytes
 
@@ -160,7 +162,7 @@ def test_fix_advice_depends_on_where_the_file_is(offline):
     with pytest.raises(data.CorruptDataError, match="apt-get install --reinstall dataset-fashion-mnist"):
         data.load_fashion_mnist(8, verify=False)
     assert snapshot(data.SYSTEM_DIR) == before
-    files = make_set(data.cache_dir())
+    files = make_set(sources._cache_dir())
     files["train-labels-idx1-ubyte"][1].write_bytes(b"garbage")
     with pytest.raises(data.CorruptDataError, match="delete or rename it"):
         data.load_fashion_mnist(8, verify=False)
@@ -170,23 +172,23 @@ def test_fix_advice_depends_on_where_the_file_is(offline):
 
 
 def test_missing_everywhere_lists_every_place_and_both_remedies(offline):
-    make_set(offline / "partial")
-    (offline / "partial" / "t10k-labels-idx1-ubyte").unlink()
+    make_set(sources._cache_dir())
+    (sources._cache_dir() / "t10k-labels-idx1-ubyte").unlink()  # a partial copy: skipped by the default look-up
     with pytest.raises(data.DataNotFoundError) as e:
-        data.load_fashion_mnist(8, root=offline / "partial")
+        data.load_fashion_mnist(8)
     msg = str(e.value)
-    for folder in (offline / "partial", data.cache_dir(), data.SYSTEM_DIR):
+    for folder in (sources._cache_dir(), data.SYSTEM_DIR):
         assert f"{folder}  (" in msg and f"{folder / 'FashionMNIST' / 'raw'}  (" in msg
     assert "found 3 of the 4 files" in msg and "download with torchvision's mirror list" in msg
     assert "apt-get install dataset-fashion-mnist" in msg and "MPARLIB_DATA" in msg and "Online" in msg
-    assert not list(data.cache_dir().iterdir())  # a failed download leaves nothing behind
+    assert sorted(p.name for p in sources._cache_dir().iterdir()) == sorted(data.STEMS[:3])  # nothing added
 
 
 def test_lookup_order(offline, monkeypatch):
     sys_files = make_set(data.SYSTEM_DIR, seed=1)
     first = lambda **kw: epoch(data.load_fashion_mnist(100, verify=False, **kw)[1])[1]
     assert torch.equal(first(), sys_files["t10k-labels-idx1-ubyte"][0].long())
-    cache_files = make_set(data.cache_dir() / "FashionMNIST" / "raw", seed=2, gz=True)  # torchvision layout
+    cache_files = make_set(sources._cache_dir() / "FashionMNIST" / "raw", seed=2, gz=True)  # torchvision layout
     assert torch.equal(first(), cache_files["t10k-labels-idx1-ubyte"][0].long())
     env_files = make_set(offline / "env", seed=3)
     monkeypatch.setenv("MPARLIB_DATA", str(offline / "env"))
@@ -201,13 +203,13 @@ def test_download_goes_to_cache_through_temp_names(offline, monkeypatch):
     sha = {s: hashlib.sha256(idx_bytes(t)).hexdigest() for s, (t, _) in files.items()}
     monkeypatch.setattr(data, "SHA256", sha)
     # a file the user already has in the cache (same content, compressed differently) must not be overwritten
-    mine = data.cache_dir() / "train-labels-idx1-ubyte.gz"
+    mine = sources._cache_dir() / "train-labels-idx1-ubyte.gz"
     mine.parent.mkdir(parents=True)
     mine.write_bytes(gzip.compress(idx_bytes(files["train-labels-idx1-ubyte"][0]), compresslevel=1, mtime=0))
     before = mine.read_bytes()
     train, test = data.load_fashion_mnist(8, num_workers=0)
     assert mine.read_bytes() == before
-    assert sorted(p.name for p in data.cache_dir().iterdir()) == sorted(s + ".gz" for s in files)  # no temp left
+    assert sorted(p.name for p in sources._cache_dir().iterdir()) == sorted(s + ".gz" for s in files)  # no temp left
     assert torch.equal(epoch(test)[1], files["t10k-labels-idx1-ubyte"][0].long())
     for p in (offline / "mirror").iterdir():
         p.unlink()
@@ -218,7 +220,7 @@ def test_download_of_wrong_content_is_not_kept(offline):
     make_set(offline / "mirror", gz=True)  # well-formed, but not Fashion-MNIST
     with pytest.raises(data.DataNotFoundError, match="not the original data set"):
         data.load_fashion_mnist(8)
-    assert not list(data.cache_dir().iterdir())
+    assert not list(sources._cache_dir().iterdir())
 
 
 # ---------------------------------------------------------------- iterators
@@ -236,7 +238,7 @@ def load(offline, **kw):
 def test_classic_and_resident_give_the_same_batches(offline, small):
     classic = load(offline, resident=False, shuffle_seed=5)
     resident = load(offline, resident=True, shuffle_seed=5)
-    assert isinstance(classic[0], torch.utils.data.DataLoader) and isinstance(resident[0], data.ResidentLoader)
+    assert isinstance(classic[0], torch.utils.data.DataLoader) and isinstance(resident[0], loaders.ResidentLoader)
     for c, r in zip(classic, resident):
         assert len(c) == len(r)
         for _ in range(2):  # two epochs: same order both times
@@ -297,7 +299,7 @@ def test_bad_arguments(offline, small):
 
 def test_device_argument(offline, small):
     train, test = load(offline, device="cpu")
-    assert isinstance(train, data.ResidentLoader) and train.images.device.type == "cpu"
+    assert isinstance(train, loaders.ResidentLoader) and train.images.device.type == "cpu"
     train, _ = load(offline, device="cpu", resident=False)
     x, y = next(iter(train))
     assert len(train) == 6 and x.device.type == "cpu" and len(train.dataset) == 45
@@ -371,3 +373,191 @@ def test_real_iterators_agree():
         xc, yc = epoch(c)
         xr, yr = epoch(r)
         assert torch.equal(xc, xr) and torch.equal(yc, yr)
+
+
+# ---------------------------------------------------------------- a folder you name is used or refused
+
+
+def refused(match, **kw):
+    with pytest.raises(data.DataNotFoundError, match=match) as e:
+        data.load_fashion_mnist(8, verify=False, num_workers=0, **kw)
+    assert "no other copy was tried" in str(e.value)
+    return str(e.value)
+
+
+@pytest.fixture
+def system_copy(offline):
+    """A complete copy in the default place, so that any fall-through would succeed and show."""
+    return make_set(data.SYSTEM_DIR, n_train=60, n_test=10, seed=9)
+
+
+def test_a_missing_or_mistyped_root_is_refused_with_a_suggestion(offline, system_copy):
+    make_set(offline / "fashion-mnist")
+    msg = refused("does not exist", root=offline / "fashion-mnsit")
+    assert f"did you mean {offline / 'fashion-mnist'}?" in msg
+    refused("is a file, not a folder", root=offline / "fashion-mnist" / "train-images-idx3-ubyte")
+    (offline / "empty").mkdir()
+    refused("holds none of the four files", root=offline / "empty")
+
+
+@pytest.mark.parametrize("via", ["root", "MPARLIB_DATA"])
+def test_an_incomplete_named_folder_is_refused_not_skipped(offline, system_copy, monkeypatch, via):
+    make_set(offline / "mine", n_train=100, n_test=20)
+    (offline / "mine" / "t10k-labels-idx1-ubyte").unlink()
+    kw = {"root": offline / "mine"}
+    if via == "MPARLIB_DATA":
+        monkeypatch.setenv("MPARLIB_DATA", str(offline / "mine"))
+        kw = {}
+    msg = refused(r"found 3 of the 4 files; t10k-labels-idx1-ubyte\[.gz\] is missing", **kw)
+    assert ("unset MPARLIB_DATA" if via == "MPARLIB_DATA" else "leave out root=") in msg
+    assert str(data.SYSTEM_DIR) not in msg
+
+
+def test_a_folder_where_a_data_file_should_be_is_named(offline, system_copy):
+    make_set(offline / "mine")
+    (offline / "mine" / "train-labels-idx1-ubyte").unlink()
+    (offline / "mine" / "train-labels-idx1-ubyte").mkdir()
+    refused("train-labels-idx1-ubyte is a folder, not a file", root=offline / "mine")
+    (offline / "mine" / "train-labels-idx1-ubyte").rmdir()
+    os.symlink(offline / "gone", offline / "mine" / "train-labels-idx1-ubyte.gz")
+    refused(r"train-labels-idx1-ubyte.gz is a link to nothing", root=offline / "mine")
+
+
+def test_two_sets_in_one_named_folder_are_ambiguous(offline, system_copy):
+    make_set(offline / "mine" / "FashionMNIST" / "raw")
+    make_set(offline / "mine")
+    (offline / "mine" / "t10k-images-idx3-ubyte").unlink()
+    refused("all 4 files are there .in FashionMNIST/raw.*keep one set only", root=offline / "mine")
+
+
+def test_verify_false_with_ones_own_file_missing_never_trains_on_the_system_copy(offline, system_copy):
+    mine = make_set(offline / "mine", n_train=100, n_test=20)
+    train, _ = data.load_fashion_mnist(10, root=offline / "mine", verify=False, resident=True)
+    assert len(train.dataset) == 100 and torch.equal(train.labels, mine["train-labels-idx1-ubyte"][0].long())
+    (offline / "mine" / "train-images-idx3-ubyte").unlink()
+    refused("train-images-idx3-ubyte", root=offline / "mine")
+
+
+def test_the_torchvision_layout_inside_a_named_folder_is_used(offline, system_copy):
+    mine = make_set(offline / "mine" / "FashionMNIST" / "raw", n_train=30, n_test=6, gz=True)
+    train, test = data.load_fashion_mnist(10, root=offline / "mine", verify=False, resident=True)
+    assert torch.equal(test.labels, mine["t10k-labels-idx1-ubyte"][0].long())
+    assert train.dataset.root == offline / "mine" / "FashionMNIST" / "raw"
+
+
+def test_the_default_look_up_says_which_copy_it_used_and_what_it_skipped(offline, system_copy, caplog):
+    make_set(sources._cache_dir())
+    (sources._cache_dir() / "train-images-idx3-ubyte").unlink()  # a broken download in the cache
+    with caplog.at_level("INFO", logger="mparlib.data"):
+        train, test = data.load_fashion_mnist(10, verify=False, num_workers=0)
+    for it in (train, test):
+        assert it.dataset.root == data.SYSTEM_DIR
+        assert it.dataset.source.startswith(f"Fashion-MNIST: {data.SYSTEM_DIR} (Debian package dataset-fashion-mnist")
+        assert f"skipped {sources._cache_dir()} (found 3 of the 4 files)" in it.dataset.source
+    assert train.dataset.source in caplog.text
+    assert data.locate() == data.SYSTEM_DIR
+    named = data.load_fashion_mnist(10, root=data.SYSTEM_DIR, verify=False, resident=True)[0]
+    assert named.dataset.source == f"Fashion-MNIST: {data.SYSTEM_DIR} (the folder given as root=)"
+
+
+def test_the_download_is_never_used_instead_of_a_named_folder(offline):
+    make_set(offline / "mirror", gz=True)
+    (offline / "mine").mkdir()
+    refused("holds none of the four files", root=offline / "mine")
+    assert not sources._cache_dir().exists()
+
+
+# ---------------------------------------------------------------- no shared state between loads
+
+
+def test_an_in_place_edit_of_a_loaded_tensor_does_not_change_the_next_load(offline, small):
+    first, first_test = load(offline, resident=True)
+    first.images.zero_()  # in place: the cache must have handed out a copy
+    first.labels.fill_(3)
+    images, labels = data.read_split(offline / "d", "train", verify=False)
+    images.fill_(7)
+    again, _ = load(offline, resident=True)
+    assert torch.equal(again.images, small["train-images-idx3-ubyte"][0])
+    assert torch.equal(again.labels, small["train-labels-idx1-ubyte"][0].long())
+    assert data._read_idx(offline / "d" / "train-images-idx3-ubyte", 3)[0].data_ptr() != again.images.data_ptr()
+
+
+# ---------------------------------------------------------------- bad arguments, refused at once
+
+
+def test_a_device_that_does_not_exist_is_refused_before_any_batch(offline, small):
+    missing = f"cuda:{torch.cuda.device_count() + 3}"
+    for resident in (False, True, None):
+        with pytest.raises(DeviceError, match=f"device={missing} does not exist"):
+            load(offline, device=missing, resident=resident)
+        with pytest.raises(DeviceError, match="device='tpu' is not a device"):
+            load(offline, device="tpu", resident=resident)
+
+
+@pytest.mark.parametrize("kw, match", [
+    ({"resize": True}, "resize=True"),
+    ({"resize": (28, False)}, r"resize=\(28, False\)"),
+    ({"batch_size": True}, "batch_size=True"),
+    ({"batch_size": 2.0}, "batch_size=2.0"),
+    ({"shuffle_seed": 1.5}, "shuffle_seed=1.5"),
+    ({"shuffle_seed": 2**64}, "shuffle_seed="),
+    ({"num_workers": -1}, "num_workers=-1"),
+    ({"num_workers": 2, "resident": True}, "num_workers=2 applies to the classic iterator"),
+    ({"resident": "yes"}, "resident='yes'"),
+    ({"verify": "no"}, "verify='no'"),
+    ({"download": 1}, "download=1"),
+    ({"root": 3}, "root must be a folder name"),
+])
+def test_bad_arguments_are_refused_before_reading(offline, small, kw, match):
+    with pytest.raises(ConfigError, match=match):
+        data.load_fashion_mnist(kw.pop("batch_size", 8), **{"root": offline / "d", **kw})
+
+
+def test_text_labels_refuse_what_is_not_a_class_index():
+    import numpy as np
+
+    assert data.text_labels(np.array([1, 2]), lang="en") == ["Trouser", "Pullover"]
+    assert data.text_labels(torch.tensor(4), lang="en") == "Coat"
+    for bad in (10, -1, 2.0, True, "3", [0, 11], None):
+        with pytest.raises(ConfigError, match="is not a class index"):
+            data.text_labels(bad, lang="en")
+
+
+def test_to_float_and_read_split_refuse_wrong_inputs(offline, small):
+    for bad in (torch.rand(2, 28, 28), torch.zeros(2, 1, 28, 28, dtype=torch.uint8), [[0]]):
+        with pytest.raises(ConfigError, match=r"uint8 images of shape \(B, H, W\)"):
+            data.to_float(bad)
+    with pytest.raises(ConfigError, match="resize=True"):
+        data.to_float(torch.zeros(2, 28, 28, dtype=torch.uint8), resize=True)
+    with pytest.raises(ConfigError, match="split='val'; use 'train' or 'test'"):
+        data.read_split(offline / "d", "val")
+    with pytest.raises(data.DataNotFoundError, match=r"lacks the train split: train-images-idx3-ubyte\[.gz\] is "
+                                                     "missing; train-labels-idx1-ubyte"):
+        data.read_split(offline / "nowhere", "train")
+    with pytest.raises(data.DataNotFoundError, match="is a folder, not a data file"):
+        data._read_idx(offline, 3)
+
+
+def test_the_iterators_refuse_mismatched_tensors():
+    images, labels = torch.zeros(4, 28, 28, dtype=torch.uint8), torch.zeros(4, dtype=torch.long)
+    for args in ((images, labels[:3]), (images.float(), labels), (images, labels.float())):
+        for build in (lambda i, l: loaders.ResidentLoader(i, l, 2, shuffle=False), loaders.FashionMNIST):
+            with pytest.raises(ConfigError, match="uint8 images"):
+                build(*args)
+    with pytest.raises(ConfigError, match="batch_size=0"):
+        loaders.ResidentLoader(images, labels, 0, shuffle=False)
+    with pytest.raises(ConfigError, match="shuffle must be True or False"):
+        loaders.ResidentLoader(images, labels, 2, shuffle="yes")
+    with pytest.raises(DeviceError, match="'tpu' is not a device"):
+        loaders.ResidentLoader(images, labels, 2, shuffle=False, device="tpu")
+
+
+def test_look_up_errors_speak_japanese_in_the_japanese_edition(offline, monkeypatch):
+    make_set(offline / "mine")
+    (offline / "mine" / "t10k-labels-idx1-ubyte").unlink()
+    monkeypatch.setenv("MPARLIB_LANG", "ja")
+    with pytest.raises(data.DataNotFoundError, match=r"root=.*mine は使えません。4つのファイルのうち 3個だけがあります、"
+                                                     r"t10k-labels-idx1-ubyte\[.gz\] がありません。.*ほかのコピーは試していません"):
+        data.load_fashion_mnist(8, root=offline / "mine", verify=False)
+    with pytest.raises(ConfigError, match="resize=True は使えません"):
+        data.load_fashion_mnist(8, resize=True)

@@ -4,17 +4,21 @@ Every run here is tiny (an MLP, a few hundred Fashion-MNIST images, 2 processes 
 tested is the arithmetic and the plumbing, not the speed.
 """
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import torch
 
-from mparlib import ddp, launch
+from launch_workers import one_step
+from mparlib import ddp, launch, rendezvous
+from mparlib.checkpoint import load_checkpoint
 from mparlib.data import locate, read_split
-from mparlib.parallel import load_checkpoint
+from mparlib.errors import LaunchError, TrainingDiverged, WorkerFailed
 
 PY = sys.executable
 TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
@@ -33,7 +37,8 @@ def english(monkeypatch):
 
 def env1():
     """The environment for child programs: one thread each, no rendezvous variables inherited."""
-    env = {k: v for k, v in os.environ.items() if k not in ddp.RENDEZVOUS_VARS + ("LOCAL_RANK", "TORCHELASTIC_RUN_ID")}
+    env = {k: v for k, v in os.environ.items() if k not in launch.RENDEZVOUS_VARS + ("LOCAL_RANK", "TORCHELASTIC_RUN_ID")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).parents[1]), env.get("PYTHONPATH")]))
     env.update(OMP_NUM_THREADS="1", MPARLIB_QUIET="1", MPARLIB_LANG="en")
     return env
 
@@ -66,15 +71,6 @@ def reference_training(model, epochs, batch_size, lr, momentum, subset, seed, **
     return net.state_dict()
 
 
-def failing_worker():
-    """A worker for the error-report test: rank 1 fails."""
-    import torch.distributed as dist
-
-    if dist.get_rank() == 1:
-        raise ValueError("rank 1 cannot go on")
-    dist.barrier()
-
-
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
     """One uninterrupted 2-process run through the command line (`python -m mparlib.ddp --nproc 2`)."""
@@ -90,7 +86,7 @@ def uninterrupted(tmp_path_factory):
 def test_one_ddp_step_on_batch_halves_equals_one_full_batch_step():
     g = torch.Generator().manual_seed(1)
     x, y = torch.rand(16, 1, 28, 28, generator=g), torch.randint(0, 10, (16,), generator=g)
-    got = ddp.launch(ddp.one_step_worker, 2, x, y, lr=0.5, seed=0, echo=False)
+    got = launch.launch(one_step, 2, args=(x, y), kwargs=dict(lr=0.5, seed=0), echo=False)
 
     torch.manual_seed(0)
     net = ddp.make_model("mlp")
@@ -120,13 +116,13 @@ def test_two_process_run_equals_one_process_training(uninterrupted):
 @pytest.mark.slow
 def test_resume_after_a_kill_reaches_the_uninterrupted_parameters(uninterrupted, tmp_path):
     cfg = ddp.DDPConfig(**RUN, out=str(tmp_path), crash_at=(2, 3))  # SIGKILL in the middle of epoch 2
-    with pytest.raises(ddp.WorkerFailed, match="rank 0 was killed by signal SIGKILL"):
-        ddp.launch(ddp.train_worker, 2, cfg, echo=False)
+    with pytest.raises(WorkerFailed, match="rank 0 was killed by signal SIGKILL"):
+        launch.launch(ddp.train_worker, 2, args=(cfg,), echo=False)
     saved = torch.load(tmp_path / "checkpoint.pt", map_location="cpu", weights_only=True)
     assert saved["epoch"] == 1  # epoch 1 survived; only epoch 2's progress is lost
     assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
 
-    result = ddp.launch(ddp.train_worker, 2, ddp.DDPConfig(**RUN, out=str(tmp_path), resume=True), echo=False)
+    result = launch.launch(ddp.train_worker, 2, args=(ddp.DDPConfig(**RUN, out=str(tmp_path), resume=True),), echo=False)
     assert [h["epoch"] for h in result["history"]] == [1, 2]
     assert max_diff(params_of(tmp_path / "checkpoint.pt"), params_of(uninterrupted[0] / "checkpoint.pt")) < 1e-7
 
@@ -141,34 +137,58 @@ def test_resume_refuses_changed_settings(uninterrupted, tmp_path, capsys):
 
 # ------------------------------------------------------------------------------------------------ torchrun
 
-@pytest.mark.slow
-def test_two_torchrun_nodes_on_localhost_complete_a_run(tmp_path):
-    port = ddp.free_port()
-    common = [TORCHRUN, "--nnodes=2", "--nproc_per_node=1", "--rdzv-backend=c10d",
-              f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=test-two-nodes", "-m", "mparlib.ddp",
-              "--model", "mlp", "--epochs", "1", "--batch-size", "32", "--subset", "96,32", "--no-plot",
-              "--out", str(tmp_path)]
-    nodes = [subprocess.Popen(common, env=env1(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for _ in range(2)]
+def _run_nodes(commands, tmp_path, deadline=180.0, after_failure=10.0):
+    """Run torchrun "nodes" side by side; once one fails, stop the others ``after_failure`` seconds later.
+
+    A node whose partner died waits in torchrun's exit barrier (5 minutes); the run as a whole must end in bounded
+    time, so the test ends it. Returns ``(return codes, outputs)``.
+    """
+    logs = [open(tmp_path / f"node{i}.log", "w+") for i in range(len(commands))]
+    nodes = [subprocess.Popen(c, env=env1(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+             for c, log in zip(commands, logs)]
+    end, stop_at = time.monotonic() + deadline, None
     try:
-        outputs = [n.communicate(timeout=240)[0] for n in nodes]
+        while any(n.poll() is None for n in nodes) and time.monotonic() < min(end, stop_at or end):
+            if stop_at is None and any(n.poll() not in (None, 0) for n in nodes):
+                stop_at = time.monotonic() + after_failure
+            time.sleep(0.2)
     finally:
         for n in nodes:
             if n.poll() is None:
-                n.kill()
-    assert [n.returncode for n in nodes] == [0, 0], outputs
+                os.killpg(n.pid, signal.SIGKILL)
+                n.wait()
+    outputs = []
+    for log in logs:
+        log.seek(0)
+        outputs.append(log.read())
+        log.close()
+    return [n.returncode for n in nodes], outputs
+
+
+@pytest.mark.slow
+def test_two_torchrun_nodes_on_localhost_complete_a_run(tmp_path):
+    port = launch.free_port()
+    out = tmp_path / "run"
+    common = [TORCHRUN, "--nnodes=2", "--nproc_per_node=1", "--rdzv-backend=c10d",
+              f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=test-two-nodes", "-m", "mparlib.ddp",
+              "--model", "mlp", "--epochs", "1", "--batch-size", "32", "--subset", "96,32", "--no-plot",
+              "--out", str(out)]
+    t = time.monotonic()
+    codes, outputs = _run_nodes([common, common], tmp_path)
+    assert codes == [0, 0], (time.monotonic() - t, outputs)
+    assert not any("terminate called" in o for o in outputs), outputs
     assert sum("DDP: 2 processes" in o for o in outputs) == 1  # one global rank 0 across both "nodes"
-    ckpt = torch.load(tmp_path / "checkpoint.pt", map_location="cpu", weights_only=True)
+    ckpt = torch.load(out / "checkpoint.pt", map_location="cpu", weights_only=True)
     assert ckpt["epoch"] == 1 and ckpt["world_size"] == 2
 
 
 # ------------------------------------------------------------------------------------------------ bad input
 
 def test_missing_rendezvous_variables(monkeypatch, capsys):
-    for k in ddp.RENDEZVOUS_VARS + ("TORCHELASTIC_RUN_ID",):
+    for k in launch.RENDEZVOUS_VARS + ("TORCHELASTIC_RUN_ID",):
         monkeypatch.delenv(k, raising=False)
-    with pytest.raises(ddp.DDPError, match="RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT are not set"):
-        with ddp.process_group():
+    with pytest.raises(LaunchError, match="RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT are not set"):
+        with launch.process_group():
             pass
     assert ddp.main(["--model", "mlp"]) == 2
     err = capsys.readouterr().err
@@ -176,14 +196,14 @@ def test_missing_rendezvous_variables(monkeypatch, capsys):
 
 
 def test_nccl_needs_one_gpu_per_process(monkeypatch):
-    monkeypatch.setattr(launch, "num_gpus", lambda: 2)
-    with pytest.raises(ddp.DDPError, match="3 processes .* 2 GPU\\(s\\) .*--nproc 2"):
-        ddp.check_gpus("nccl", 3)
-    ddp.check_gpus("nccl", 2)
-    ddp.check_gpus("gloo", 8)  # gloo runs processes on the CPU: any number
-    monkeypatch.setattr(launch, "num_gpus", lambda: 0)
-    with pytest.raises(ddp.DDPError, match="nccl backend needs CUDA GPUs"):
-        ddp.launch(ddp.one_step_worker, 2, backend="nccl")
+    monkeypatch.setattr(rendezvous, "num_gpus", lambda: 2)
+    with pytest.raises(LaunchError, match="3 processes .* 2 GPU\\(s\\) .*--nproc 2"):
+        launch.check_gpus("nccl", 3)
+    launch.check_gpus("nccl", 2)
+    launch.check_gpus("gloo", 8)  # gloo runs processes on the CPU: any number
+    monkeypatch.setattr(rendezvous, "num_gpus", lambda: 0)
+    with pytest.raises(LaunchError, match="nccl backend needs CUDA GPUs"):
+        launch.launch(one_step, 2, backend="nccl")
 
 
 def test_world_size_leaving_a_rank_without_data(tmp_path, capsys):
@@ -200,8 +220,8 @@ def test_port_in_use(monkeypatch, capsys, tmp_path):
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
-        with pytest.raises(ddp.DDPError, match=f"Port {port} on 127.0.0.1 is already in use.*--port"):
-            ddp.launch(ddp.one_step_worker, 2, port=port)
+        with pytest.raises(LaunchError, match=f"Port {port} on 127.0.0.1 is already in use.*--port"):
+            launch.launch(one_step, 2, port=port)
         monkeypatch.setenv("MASTER_PORT", str(port))
         monkeypatch.delenv("RANK", raising=False)
         assert ddp.main(["--nproc", "2", "--model", "mlp", "--subset", "64", "--batch-size", "16",
@@ -213,12 +233,12 @@ def test_worker_defined_in_a_notebook_is_refused():
     def local_worker():
         return 1
 
-    with pytest.raises(ddp.DDPError, match="cannot find it"):
-        ddp.launch(local_worker, 2)
+    with pytest.raises(LaunchError, match="cannot find it"):
+        launch.launch(local_worker, 2)
     main_worker = type(local_worker)(local_worker.__code__, {})
     main_worker.__module__, main_worker.__qualname__ = "__main__", "worker"
-    with pytest.raises(ddp.DDPError, match="notebook or script .*import"):
-        ddp.launch(main_worker, 2)
+    with pytest.raises(LaunchError, match="notebook or script .*%%worker"):
+        launch.launch(main_worker, 2)
 
 
 def test_out_folder_is_never_overwritten(uninterrupted, tmp_path, capsys):
@@ -235,6 +255,84 @@ def test_sync_batchnorm_on_cpu_is_refused(tmp_path, capsys):
     assert "SyncBatchNorm, which works only on GPUs" in capsys.readouterr().err
 
 
-def test_a_failing_rank_is_reported_and_the_others_stopped():
-    with pytest.raises(ddp.WorkerFailed, match="(?s)rank 1 exited with code 1.*ValueError: rank 1 cannot go on"):
-        ddp.launch(failing_worker, 2, echo=False)
+
+
+
+# ------------------------------------------------------------------------------------------------ reliability
+
+@pytest.mark.parametrize("option, value, match", [
+    ("--lr", "nan", "lr=nan: use a positive number"), ("--lr", "inf", "lr=inf"), ("--lr", "0", "lr=0.0"),
+    ("--momentum", "-1", "momentum=-1.0"), ("--epochs", "0", "epochs=0"), ("--nproc", "0", "--nproc 0"),
+])
+def test_settings_that_cannot_work_are_refused_before_starting(tmp_path, capsys, option, value, match):
+    argv = ["--nproc", "2", *CLI, "--out", str(tmp_path)]
+    i = argv.index(option) if option in argv else None
+    if i is None:
+        argv += [option, value]
+    else:
+        argv[i + 1] = value
+    assert ddp.main(argv) == 2
+    assert match in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())
+
+
+def test_too_many_processes_for_the_cpu_are_refused(tmp_path, capsys):
+    many = launch._max_cpu_processes() + 1
+    assert ddp.main(["--nproc", str(many), *CLI, "--batch-size", str(many), "--subset", f"{many * 4},{many}",
+                     "--out", str(tmp_path)]) == 2
+    assert f"{many} processes on" in capsys.readouterr().err
+
+
+def test_a_diverging_run_stops_at_the_first_bad_epoch_and_keeps_the_last_good_checkpoint(tmp_path):
+    launch.launch(ddp.train_worker, 2, args=(ddp.DDPConfig(**{**RUN, "epochs": 1}, out=str(tmp_path)),), echo=False)
+    ckpt = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
+    for group in ckpt["optimizer"]["param_groups"]:  # resuming restores the optimizer: make its step size explode
+        group["lr"] = 1e38
+    torch.save(ckpt, tmp_path / "checkpoint.pt")
+    patched = (tmp_path / "checkpoint.pt").read_bytes()
+    cfg = ddp.DDPConfig(**{**RUN, "epochs": 2}, out=str(tmp_path), resume=True)
+    with pytest.raises(TrainingDiverged, match=r"NaN or infinite at epoch 2, step \d+: .*checkpoint of epoch 1 was kept"):
+        launch.launch(ddp.train_worker, 2, args=(cfg,), echo=False)
+    assert (tmp_path / "checkpoint.pt").read_bytes() == patched  # epoch 1's checkpoint, not overwritten
+
+
+def test_a_run_that_diverges_at_once_says_no_checkpoint_was_written(tmp_path, capsys):
+    argv = ["--nproc", "2", *CLI, "--out", str(tmp_path)]
+    argv[argv.index("--lr") + 1] = "1e38"
+    assert ddp.main(argv) == 2
+    assert "no epoch had finished, so no checkpoint was written" in capsys.readouterr().err
+    assert not (tmp_path / "checkpoint.pt").exists()
+
+
+@pytest.mark.parametrize("content", [b"", b"not a checkpoint\n", b"PK\x03\x04truncated"])
+def test_resume_from_a_damaged_or_foreign_file_is_a_clear_error(tmp_path, capsys, content):
+    (tmp_path / "checkpoint.pt").write_bytes(content)
+    assert ddp.main(["--nproc", "2", *CLI, "--resume", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "was not written by a mparlib.ddp training run (or is damaged)" in err and "Traceback" not in err
+    assert (tmp_path / "checkpoint.pt").read_bytes() == content
+
+
+def test_resume_from_another_programs_checkpoint_is_a_clear_error(tmp_path, capsys):
+    torch.save({"model": {}, "epoch": 3}, tmp_path / "checkpoint.pt")
+    assert ddp.main(["--nproc", "2", *CLI, "--resume", "--out", str(tmp_path)]) == 2
+    assert "was not written by a mparlib.ddp training run" in capsys.readouterr().err
+
+
+def test_a_second_run_in_the_same_folder_is_refused_naming_the_first(tmp_path):
+    busy = [*CLI, "--epochs", "200", "--subset", "6000,600"]  # long enough to be running when the second starts
+    first = subprocess.Popen([PY, "-m", "mparlib.ddp", "--nproc", "2", *busy, "--out", str(tmp_path)],
+                             env=env1(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline, lock = time.monotonic() + 120, tmp_path / ".mparlib.lock"
+        while not (lock.exists() and str(first.pid) in lock.read_text()):  # held from the start of the run
+            assert first.poll() is None and time.monotonic() < deadline, first.communicate()[0]
+            time.sleep(0.1)
+        second = subprocess.run([PY, "-m", "mparlib.ddp", "--nproc", "2", *CLI, "--out", str(tmp_path)],
+                                env=env1(), capture_output=True, text=True, timeout=120)
+        assert second.returncode == 2, second.stdout + second.stderr
+        assert "is in use by another run" in second.stderr and f"process {first.pid} " in second.stderr
+        assert first.poll() is None  # the first run goes on undisturbed
+    finally:
+        first.kill()
+        first.wait()

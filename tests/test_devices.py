@@ -4,6 +4,7 @@ import torch
 
 import mparlib
 from mparlib import devices
+from mparlib.errors import DeviceError
 
 
 def test_try_all_gpus_never_returns_an_empty_list():
@@ -32,7 +33,7 @@ def test_require_gpus_says_how_many_exist(monkeypatch):
     monkeypatch.setenv("MPARLIB_LANG", "en")
     monkeypatch.setattr(devices, "num_gpus", lambda: 1)
     assert devices.require_gpus(1) == [torch.device("cuda:0")]
-    with pytest.raises(RuntimeError, match=r"asks for 2 GPU\(s\) but PyTorch sees 1"):
+    with pytest.raises(DeviceError, match=r"asks for 2 GPU\(s\) but PyTorch sees 1"):
         devices.require_gpus(2)
 
 
@@ -70,5 +71,5 @@ def test_report_is_one_table_with_versions_and_profile():
 def test_require_gpus_speaks_japanese_in_the_japanese_edition(monkeypatch):
     monkeypatch.setenv("MPARLIB_LANG", "ja")
     monkeypatch.setattr(devices, "num_gpus", lambda: 0)
-    with pytest.raises(RuntimeError, match="2枚の GPU が必要ですが、PyTorch から見える GPU は 0枚です"):
+    with pytest.raises(DeviceError, match="GPU が 2枚必要ですが、PyTorch から見える GPU は 0枚です"):
         devices.require_gpus(2)

@@ -1,4 +1,4 @@
-"""The fast path of mparlib.train (chapter 07_performance) against the classic loop it must not change.
+"""The fast path, mparlib.fastpath (chapter 07_performance), against the classic loop it must not change.
 
 One step of the fast path with its extras switched off equals the classic fp32 step; its optimizer equals a reference
 SGD; bf16 autocast stays close to fp32; on real Fashion-MNIST a small residual network trained with the fast path
@@ -8,13 +8,15 @@ measured in benchmarks/train_throughput.py, not here.
 import copy
 import json
 import math
+import re
 
 import pytest
 import torch
 from torch import nn
 
-from mparlib import data
+from mparlib import data, fastpath, loaders
 from mparlib import train as T
+from mparlib.errors import ConfigError, MparlibError, TrainingDiverged
 from mparlib.models import Residual
 from test_train import synthetic  # the same three-class toy data as the classic loop's tests
 
@@ -24,8 +26,8 @@ HAVE_REAL = all((data.SYSTEM_DIR / (s + ".gz")).is_file() or (data.SYSTEM_DIR / 
 needs_real = pytest.mark.skipif(not HAVE_REAL,
                                 reason="Fashion-MNIST not installed (apt-get install dataset-fashion-mnist)")
 # every extra of the fast path off: what remains must be the classic step
-PLAIN = T.FastPath(channels_last=False, precision="fp32", fused=False, momentum=0.0, nesterov=False, weight_decay=0.0,
-                   label_smoothing=0.0, warmup=None)
+PLAIN = fastpath.FastPath(channels_last=False, precision="fp32", fused=False, momentum=0.0, nesterov=False,
+                          weight_decay=0.0, label_smoothing=0.0, warmup=None)
 
 
 def small_net(seed=0):
@@ -46,12 +48,12 @@ def fast_steps(net, fast, batches, lr):
     fast = fast.resolve(CPU)
     if fast.channels_last:
         net.to(memory_format=torch.channels_last)
-    opt = T.make_fast_optimizer(net, lr, fast)
+    opt = fastpath.make_fast_optimizer(net, lr, fast)
     loss_fn = nn.CrossEntropyLoss(label_smoothing=fast.label_smoothing)
     dtype = torch.bfloat16 if fast.precision == "bf16" else None
     out = []
     for X, y in batches:
-        X, y = T.move_batch_fast(X, y, CPU, fast.channels_last)
+        X, y = fastpath.move_batch_fast(X, y, CPU, fast.channels_last)
         out.append(T.train_step(net, X, y, loss_fn, opt, lambda: T.autocast_context(CPU, dtype))[0])
     return out
 
@@ -67,7 +69,7 @@ def test_fast_step_with_extras_off_equals_the_classic_step():
     batches = [batch(seed=s) for s in range(3)]
     classic, fast = small_net(), small_net()
     losses_c = classic_steps(classic, batches, lr=0.1)
-    losses_f = fast_steps(fast, T.FastPath(**{**PLAIN.to_dict(), "channels_last": True}), batches, lr=0.1)
+    losses_f = fast_steps(fast, fastpath.FastPath(**{**PLAIN.to_dict(), "channels_last": True}), batches, lr=0.1)
     torch.testing.assert_close(torch.stack(losses_f), torch.stack(losses_c), rtol=1e-5, atol=1e-5)
     for (name, a), b in zip(fast.state_dict().items(), classic.state_dict().values()):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=name)
@@ -76,9 +78,9 @@ def test_fast_step_with_extras_off_equals_the_classic_step():
 
 def test_fast_optimizer_is_nesterov_sgd_with_decay_on_weights_only():
     """The fused (or foreach) optimizer equals PyTorch's reference single-tensor SGD over several steps."""
-    fast = T.FastPath().resolve(CPU)
+    fast = fastpath.FastPath().resolve(CPU)
     net, ref = small_net(), small_net()
-    opt = T.make_fast_optimizer(net, 0.05, fast)
+    opt = fastpath.make_fast_optimizer(net, 0.05, fast)
     decayed = {id(p) for g in opt.param_groups if g["weight_decay"] > 0 for p in g["params"]}
     assert decayed == {id(p) for p in net.parameters() if p.ndim > 1}
     assert all(g["momentum"] == 0.9 and g["nesterov"] for g in opt.param_groups)
@@ -99,7 +101,7 @@ def test_fast_optimizer_is_nesterov_sgd_with_decay_on_weights_only():
 def test_warmup_cosine_schedule():
     p = nn.Parameter(torch.zeros(1))
     opt = torch.optim.SGD([p], lr=0.4)
-    sched = T.warmup_cosine(opt, total_steps=50, warmup=0.2)
+    sched = fastpath.warmup_cosine(opt, total_steps=50, warmup=0.2)
     lrs = []
     for _ in range(50):
         lrs.append(opt.param_groups[0]["lr"])
@@ -151,7 +153,7 @@ def test_fast_train_learns_and_drops_last_batch_when_asked():
     torch.manual_seed(0)
     h = T.train(small_net(), [CPU], batch_size=16, lr=0.05, num_epochs=3,
                 data=(synthetic(200, 16, 1), synthetic(96, 32, 2)), animator=False, verbose=False,
-                fast=T.FastPath(drop_last=True))
+                fast=fastpath.FastPath(drop_last=True))
     assert h.test_acc[-1] >= 0.9  # chance is 1/3
     assert round(h.images_per_s[0] * h.seconds[0]) == 192  # 12 full batches; the last 8 images are skipped
 
@@ -162,32 +164,32 @@ def test_warm_up_leaves_the_model_as_it_was():
     before = copy.deepcopy(net.state_dict())
     X, y = batch()
     net.train()
-    T._warm_up(net, net, X, y, nn.CrossEntropyLoss(), lambda: T.autocast_context(CPU), steps=2, graphs=False)
+    fastpath._warm_up(net, net, X, y, nn.CrossEntropyLoss(), lambda: T.autocast_context(CPU), steps=2, graphs=False)
     for (name, a), b in zip(net.state_dict().items(), before.values()):
         assert torch.equal(a, b), name
     assert all(p.grad is None for p in net.parameters())
 
 
 def test_settings_resolve_for_the_cpu_and_refuse_bad_values(monkeypatch):
-    s = T.FastPath().resolve("cpu")
+    s = fastpath.FastPath().resolve("cpu")
     assert (s.compile, s.cuda_graphs, s.drop_last) == (False, False, False)
-    assert s.precision == ("bf16" if T.cpu_has_bf16() else "fp32")
-    assert T.FastPath(precision="fp32").resolve("cpu").precision == "fp32"
-    assert T.FastPath(compile=True).resolve("cpu").drop_last is True
+    assert s.precision == ("bf16" if fastpath.cpu_has_bf16() else "fp32")
+    assert fastpath.FastPath(precision="fp32").resolve("cpu").precision == "fp32"
+    assert fastpath.FastPath(compile=True).resolve("cpu").drop_last is True
     with pytest.raises(ValueError, match="precision"):
-        T.FastPath(precision="fp16").resolve("cpu")
+        fastpath.FastPath(precision="fp16").resolve("cpu")
     with pytest.raises(ValueError, match="needs a CUDA GPU"):
-        T.FastPath(cuda_graphs=True).resolve("cpu")
+        fastpath.FastPath(cuda_graphs=True).resolve("cpu")
     with pytest.raises(ValueError, match="momentum"):
-        T.FastPath(momentum=1.0).resolve("cpu")
+        fastpath.FastPath(momentum=1.0).resolve("cpu")
     with pytest.raises(ValueError, match="warmup"):
-        T.FastPath(warmup=1.5).resolve("cpu")
+        fastpath.FastPath(warmup=1.5).resolve("cpu")
     with pytest.raises(ValueError, match="fast="):
         T.train(small_net(), [CPU], batch_size=16, lr=0.1, num_epochs=1, data=(synthetic(32, 16, 1),) * 2,
                 fast="yes")
     monkeypatch.setenv("MPARLIB_LANG", "ja")
     with pytest.raises(ValueError, match="CUDA の GPU が必要"):
-        T.FastPath(cuda_graphs=True).resolve("cpu")
+        fastpath.FastPath(cuda_graphs=True).resolve("cpu")
 
 
 @needs_real
@@ -205,21 +207,22 @@ def test_fast_path_keeps_accuracy_on_fashion_mnist():
 def test_fast_step_does_not_wait_for_the_gpu():
     """Batch gathering, forward, backward, fused SGD and the schedule queue work without one host synchronisation."""
     dev = torch.device("cuda:0")
-    fast = T.FastPath().resolve(dev)
+    fast = fastpath.FastPath().resolve(dev)
     net = small_net().to(dev).to(memory_format=torch.channels_last)
-    opt = T.make_fast_optimizer(net, 0.05, fast)
-    sched = T.warmup_cosine(opt, 10, 0.2)
-    loader = data.ResidentLoader((torch.rand(64, 12, 12) * 255).to(torch.uint8), torch.randint(0, 10, (64,)), 16,
+    opt = fastpath.make_fast_optimizer(net, 0.05, fast)
+    sched = fastpath.warmup_cosine(opt, 10, 0.2)
+    loader = loaders.ResidentLoader((torch.rand(64, 12, 12) * 255).to(torch.uint8), torch.randint(0, 10, (64,)), 16,
                                  shuffle=False, device=dev)
     loss_fn = nn.CrossEntropyLoss(label_smoothing=0.1)
     X0, y0 = next(iter(loader))
-    T.train_step(net, *T.move_batch_fast(X0, y0, dev), loss_fn, opt, lambda: T.autocast_context(dev, torch.bfloat16))
+    T.train_step(net, *fastpath.move_batch_fast(X0, y0, dev), loss_fn, opt,
+                 lambda: T.autocast_context(dev, torch.bfloat16))
     torch.cuda.synchronize()
     total = torch.zeros((), device=dev)
     torch.cuda.set_sync_debug_mode("error")
     try:
         for X, y in loader:
-            total += T.train_step(net, *T.move_batch_fast(X, y, dev), loss_fn, opt,
+            total += T.train_step(net, *fastpath.move_batch_fast(X, y, dev), loss_fn, opt,
                                   lambda: T.autocast_context(dev, torch.bfloat16))[0]
             sched.step()
     finally:
@@ -235,5 +238,115 @@ def test_compiled_fast_path_with_cuda_graphs_learns():
     h = T.train(small_net(), [dev], batch_size=32, lr=0.05, num_epochs=5, data=(train_iter, test_iter),
                 animator=False, verbose=False, fast=True)
     assert h.fast["compile"] and h.fast["cuda_graphs"]
-    assert h.fast["precision"] == ("bf16" if T.bf16_native(dev) else "fp32")
+    assert h.fast["precision"] == ("bf16" if fastpath.bf16_native(dev) else "fp32")
     assert h.test_acc[-1] >= 0.9
+
+
+class ModelBug(Exception):
+    """An error of the learner's own model, nothing to do with the compiler."""
+
+
+class Broken(nn.Module):
+    """small_net whose forward raises ModelBug."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = small_net()
+
+    def forward(self, X):
+        raise ModelBug("a bug in forward")
+
+
+def failing_compile(model, **kwargs):
+    """What torch.compile returns when its backend cannot build kernels: a callable that fails."""
+    def compiled(*args, **kw):
+        raise RuntimeError("backend compiler failed: no C++ compiler found")
+    return compiled
+
+
+def compile_run(net):
+    return T.train(net, [CPU], batch_size=16, lr=0.05, num_epochs=1, data=(synthetic(64, 16, 1), synthetic(32, 16, 2)),
+                   animator=False, verbose=False, init=False, fast=fastpath.FastPath(compile=True))
+
+
+def test_a_compiler_failure_is_reported_as_one_when_eager_works(monkeypatch):
+    """The same step runs eagerly, so the compiler is to blame: a ConfigError that says FastPath(compile=False)."""
+    monkeypatch.setattr(torch, "compile", failing_compile)
+    net = small_net()
+    before = copy.deepcopy(net.state_dict())
+    with pytest.raises(ConfigError, match=r"torch.compile failed on cpu .*fast=FastPath\(compile=False\)") as e:
+        compile_run(net)
+    assert isinstance(e.value.__cause__, RuntimeError) and "no C++ compiler" in str(e.value.__cause__)
+    for (name, a), b in zip(net.state_dict().items(), before.values()):
+        assert torch.equal(a, b), name  # the eager check left the model as it was
+    assert all(p.grad is None for p in net.parameters())
+    monkeypatch.setenv("MPARLIB_LANG", "ja")
+    with pytest.raises(ConfigError, match="torch.compile が失敗しました"):
+        compile_run(small_net())
+
+
+@pytest.mark.parametrize("compiler", ["fails", "works"])
+def test_a_bug_in_the_model_is_not_blamed_on_the_compiler(compiler, monkeypatch):
+    """When the eager step fails too, the model's own exception comes out unchanged, not as a compile failure."""
+    monkeypatch.setattr(torch, "compile", failing_compile if compiler == "fails" else lambda model, **kw: model)
+    with pytest.raises(ModelBug, match="a bug in forward") as e:
+        compile_run(Broken())
+    assert not isinstance(e.value, MparlibError)
+    assert e.value.__cause__ is None and e.value.__context__ is None  # not chained to the compiler's error
+
+
+def test_fast_path_stops_at_the_first_non_finite_loss():
+    """The fast path reads its sums only at the end of an epoch, yet names the exact first step with a NaN loss."""
+    from test_train import NaNAt
+
+    train_iter = NaNAt(synthetic(96, 16, 1), 2, 2)
+    with pytest.raises(TrainingDiverged, match=r"became nan in epoch 2, step 2;") as e:
+        T.train(small_net(), [CPU], batch_size=16, lr=0.05, num_epochs=3, data=(train_iter, synthetic(32, 16, 2)),
+                animator=False, verbose=False, fast=True)
+    assert train_iter.passes == 2 and e.value.history.epochs == 1
+
+
+@pytest.mark.parametrize("setting, match", [
+    (dict(weight_decay=float("inf")), "weight_decay=inf"), (dict(momentum=float("nan")), "momentum=nan"),
+    (dict(warmup=float("nan")), "warmup=nan"), (dict(label_smoothing=True), "label_smoothing=True"),
+    (dict(resident="no"), "resident='no'"), (dict(compile="yes"), "compile='yes'"),
+    (dict(warmup_steps=2.5), "warmup_steps=2.5"),
+])
+def test_settings_refuse_non_finite_and_mistyped_values(setting, match):
+    with pytest.raises(ConfigError, match=re.escape(match)):
+        fastpath.FastPath(**setting).resolve("cpu")
+
+
+def test_fast_path_with_drop_last_needs_a_batch_size():
+    with pytest.raises(ConfigError, match="needs the batch size"):
+        T.train(small_net(), [CPU], lr=0.05, num_epochs=1, data=(synthetic(64, 16, 1), synthetic(32, 16, 2)),
+                animator=False, verbose=False, fast=fastpath.FastPath(drop_last=True))
+
+
+@pytest.mark.gpu
+def test_fast_epoch_does_not_wait_for_the_gpu(monkeypatch):
+    """A whole fast-path epoch, the record of non-finite losses included, queues its work without one host sync."""
+    dev = torch.device("cuda:0")
+    batches = [(X.to(dev), y.to(dev)) for X, y in synthetic(128, 16, 1)]
+    net = small_net().to(dev)
+    step = fastpath.plan(net, dev, fastpath.FastPath(compile=False).resolve(dev), 0.05, 1, 16, batches, batches)
+
+    class Stopwatch:  # the loop's Timer synchronises on purpose, outside the steps; this one does not
+        def start(self):
+            pass
+
+        stop = start
+
+        def sum(self):
+            return 1.0
+
+    monkeypatch.setattr(T, "Timer", lambda device: Stopwatch())
+    sums = T._Sums(dev, 1)
+    with step.settings():
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            T._train_epoch(step, batches, dev, sums, 1, None, False)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    assert sums.count == 128 and math.isfinite(sums.check())

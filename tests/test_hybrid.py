@@ -8,7 +8,8 @@ import pytest
 import torch
 from torch import nn
 
-from mparlib.models import HybridEmbeddingModel, PipelineModel, pipeline_schedule
+from mparlib.errors import ConfigError, DeviceError
+from mparlib.hybrid import HybridEmbeddingModel, PipelineModel, pipeline_schedule
 
 TOL = dict(rtol=1e-12, atol=1e-12)
 
@@ -180,7 +181,7 @@ def test_pipeline_rejects_bad_arguments_clearly(devices, kwargs, match):
 
 
 def test_pipeline_rejects_a_non_sequential_and_an_empty_batch():
-    with pytest.raises(TypeError, match="nn.Sequential"):
+    with pytest.raises(ConfigError, match="nn.Sequential"):
         PipelineModel.from_sequential(nn.Linear(2, 2), ["cpu", "cpu"])
     pipe = PipelineModel.from_sequential(mlp(), ["cpu", "cpu"])
     with pytest.raises(ValueError, match="empty batch"):
@@ -253,9 +254,10 @@ def test_hybrid_sparse_gradient_touches_only_looked_up_rows():
 
 
 @pytest.mark.parametrize("ids,error,match", [
-    (torch.tensor([1.0, 2.0]), TypeError, "integer ids"),
-    (torch.tensor([0, 1000]), IndexError, r"\[0, 999\]"),
-    (torch.tensor([-1, 3]), IndexError, r"\[0, 999\]"),
+    (torch.tensor([1.0, 2.0]), ConfigError, "integer ids"),
+    (torch.tensor([0, 1000]), ConfigError, r"\[0, 999\]"),
+    (torch.tensor([-1, 3]), ConfigError, r"\[0, 999\]"),
+    ([1, 2], ConfigError, r"torch.tensor\(ids\)"),
 ])
 def test_hybrid_rejects_bad_ids_clearly(ids, error, match):
     with pytest.raises(error, match=match):
@@ -299,3 +301,30 @@ def test_hybrid_moved_whole_to_gpu_still_runs_but_loses_the_split():
     assert model.embedding.weight.device.type == "cuda"
     out = model(torch.tensor([1, 2, 3]))
     assert out.device.type == "cuda" and out.shape == (3, 6)
+
+
+@pytest.mark.parametrize("call, error, match", [
+    (lambda: PipelineModel.from_sequential(mlp(), "cpu"), ConfigError, "devices must be a list"),
+    (lambda: PipelineModel.from_sequential(mlp(), ["cpu", "cpu"], split_at=4.5), ConfigError, "split_at=4.5"),
+    (lambda: PipelineModel.from_sequential(mlp(), ["cpu", "cpu"], split_at=[True]), ConfigError, "split_at"),
+    (lambda: PipelineModel(nn.Linear(2, 2), ["cpu"]), ConfigError, "for one stage write \\[module\\]"),
+    (lambda: PipelineModel([nn.Linear(2, 2), "relu"], ["cpu", "cpu"]), ConfigError, "stages\\[1\\] is a str"),
+    (lambda: PipelineModel([nn.Linear(2, 2)], torch.device("cpu")), ConfigError, "devices must be a list"),
+    (lambda: PipelineModel([nn.Linear(2, 2)], ["cpu"], micro_batches=True), ConfigError, "micro_batches"),
+    (lambda: PipelineModel([nn.Linear(2, 2)], ["tpu"]), DeviceError, "devices\\[0\\]='tpu' is not a device"),
+    (lambda: PipelineModel([nn.Linear(2, 2)], ["cpu"])([1.0, 2.0]), ConfigError, "batch tensor"),
+    (lambda: PipelineModel([nn.Linear(2, 2)], ["cpu"])(torch.tensor(1.0)), ConfigError, "a 0-d tensor"),
+    (lambda: HybridEmbeddingModel(num_embeddings=True), ConfigError, "num_embeddings must be a positive int"),
+    (lambda: HybridEmbeddingModel(device="cpu", sparse="yes"), ConfigError, "sparse='yes'"),
+    (lambda: HybridEmbeddingModel(device="tpu"), DeviceError, "not a device"),
+    (lambda: pipeline_schedule(True, 2), ConfigError, "num_stages must be a positive int"),
+])
+def test_more_bad_arguments_are_refused_with_the_course_errors(call, error, match):
+    with pytest.raises(error, match=match):
+        call()
+
+
+def test_a_split_at_given_as_one_int_cuts_there():
+    net = mlp()
+    pipe = PipelineModel.from_sequential(net, ["cpu", "cpu"], split_at=4)
+    assert [len(s) for s in pipe.stages] == [4, len(net) - 4]

@@ -4,10 +4,15 @@ import time
 
 import pytest
 
-import mparlib.lang  # noqa: F401  (the module; the package exports its function `lang`)
-from mparlib.timing import Accumulator, Timer
+import mparlib.lang
+from mparlib.errors import ConfigError, DeviceError
+from mparlib.timing import Timer
 
-lang_mod = sys.modules["mparlib.lang"]
+lang_mod = mparlib.lang
+
+
+def test_import_gives_the_module():
+    assert sys.modules["mparlib.lang"] is mparlib.lang and callable(mparlib.lang.tr)
 
 
 def test_language_follows_the_notebook_folder(tmp_path, monkeypatch):
@@ -15,19 +20,19 @@ def test_language_follows_the_notebook_folder(tmp_path, monkeypatch):
     for name in ("en", "ja"):
         (tmp_path / "notebooks" / name).mkdir(parents=True)
     monkeypatch.chdir(tmp_path / "notebooks" / "ja")
-    assert lang_mod.lang() == "ja" and lang_mod.tr("Epoch", "エポック") == "エポック"
+    assert lang_mod.language() == "ja" and lang_mod.tr("Epoch", "エポック") == "エポック"
     monkeypatch.chdir(tmp_path / "notebooks" / "en")
-    assert lang_mod.lang() == "en" and lang_mod.tr("Epoch", "エポック") == "Epoch"
+    assert lang_mod.language() == "en" and lang_mod.tr("Epoch", "エポック") == "Epoch"
     monkeypatch.chdir(tmp_path)
-    assert lang_mod.lang() == "en"
+    assert lang_mod.language() == "en"
 
 
 def test_environment_variable_wins_and_is_checked(monkeypatch):
     monkeypatch.setenv("MPARLIB_LANG", "ja")
-    assert lang_mod.lang() == "ja"
+    assert lang_mod.language() == "ja"
     monkeypatch.setenv("MPARLIB_LANG", "fr")
     with pytest.raises(ValueError, match="not a course language"):
-        lang_mod.lang()
+        lang_mod.language()
 
 
 def test_timer_measures_laps():
@@ -43,8 +48,10 @@ def test_timer_measures_laps():
 
 
 def test_timer_stop_without_start_is_a_clear_error():
-    with pytest.raises(RuntimeError, match="before Timer.start"):
+    with pytest.raises(ConfigError, match="before Timer.start"):
         Timer().stop()
+    with pytest.raises(ConfigError, match="no lap was recorded yet"):
+        Timer().avg()
 
 
 def test_timer_synchronises_cuda_before_reading_the_clock(monkeypatch):
@@ -55,16 +62,6 @@ def test_timer_synchronises_cuda_before_reading_the_clock(monkeypatch):
     assert len(calls) == 2
 
 
-def test_accumulator_sums_and_checks_arity():
-    acc = Accumulator(2)
-    acc.add(1, 2)
-    acc.add(0.5, 3)
-    assert (acc[0], acc[1]) == (1.5, 5.0)
-    with pytest.raises(ValueError, match="holds 2 values, got 1"):
-        acc.add(1)
-    acc.reset()
-    assert acc.data == [0.0, 0.0]
-
 
 def test_matmul_tflops_is_a_positive_measured_rate():
     import torch
@@ -73,3 +70,19 @@ def test_matmul_tflops_is_a_positive_measured_rate():
 
     small, large = matmul_tflops("cpu", torch.float32, n=64, repeats=2), matmul_tflops("cpu", torch.float32, n=256)
     assert 0 < small < 1e3 and 0 < large < 1e3
+
+
+def test_timing_helpers_refuse_bad_devices_and_sizes():
+    import torch
+
+    from mparlib.timing import matmul_tflops, synchronize
+
+    for call in (lambda: synchronize("tpu"), lambda: Timer("tpu"), lambda: matmul_tflops("tpu")):
+        with pytest.raises(DeviceError, match="'tpu' is not a device"):
+            call()
+    missing = f"cuda:{torch.cuda.device_count() + 3}"
+    with pytest.raises(DeviceError, match=f"{missing} does not exist"):
+        synchronize(missing)
+    for kw, match in (({"n": 0}, "n=0"), ({"repeats": True}, "repeats=True"), ({"dtype": torch.int64}, "dtype=")):
+        with pytest.raises(ConfigError, match=match):
+            matmul_tflops("cpu", **kw)

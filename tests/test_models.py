@@ -115,3 +115,35 @@ def test_init_weights_keeps_mode_when_materialising():
     models.init_weights(net, torch.zeros(2, 1, 6, 6))
     assert net.training
     assert net[1].num_batches_tracked == 0  # the example did not count as a training batch
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda: models.resnet18(True), "num_classes must be a positive int, got True"),
+    (lambda: models.resnet18(10, in_channels=False), "in_channels must be a positive int, got False"),
+    (lambda: models.Residual(8, 8, strides=0), "strides must be a positive int"),
+    (lambda: models.Residual(8, 8.0), "out_channels must be a positive int"),
+    (lambda: models.Residual(8, 8, use_1x1conv="no"), "use_1x1conv='no'; use True or False"),
+    (lambda: models.init_weights(models.resnet18(10), std=float("nan")), "std=nan must be a positive finite"),
+    (lambda: models.init_weights(models.resnet18(10), std=0), "std=0 must be a positive finite"),
+    (lambda: models.init_weights(models.resnet18(10), std=True), "std=True"),
+    (lambda: models.init_weights(d2l.resnet18(10), example_input=[[0.0]]), "example_input must be a tensor"),
+    (lambda: models.init_weights("resnet18"), "init_weights takes a model"),
+    (lambda: models.num_params({"w": torch.ones(2)}), "num_params takes a model"),
+    (lambda: models.lazy_modules(None), "lazy_modules takes a model"),
+])
+def test_bad_arguments_are_refused_with_the_course_error(call, match):
+    from mparlib.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=match):
+        call()
+
+
+def test_an_infinite_std_would_otherwise_fill_the_weights_with_infinities():
+    """Why init_weights checks std itself: PyTorch's normal_ draws +-inf for std=inf without a word."""
+    w = torch.empty(3, 3)
+    nn.init.normal_(w, std=float("inf"))
+    assert torch.isinf(w).all()
+    from mparlib.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="std=inf must be a positive finite number"):
+        models.init_weights(nn.Linear(3, 3), std=float("inf"))

@@ -16,10 +16,10 @@ import pytest
 import torch
 from torch import nn
 
-from mparlib.parallel import (
-    AttrDataParallel, CheckpointMismatchError, data_parallel, gather, load_checkpoint, parallel_apply, replicate,
-    save_checkpoint, scatter, scatter_kwargs, state_dict_of, unwrap,
-)
+from mparlib.checkpoint import load_checkpoint, save_checkpoint, state_dict_of, unwrap
+from mparlib.errors import CheckpointError, CheckpointMismatchError, ConfigError, DeviceError
+from mparlib.parallel import data_parallel, gather, parallel_apply, replicate, scatter, scatter_kwargs
+from mparlib.wrapper import AttrDataParallel
 
 CPU = torch.device("cpu")
 TOL = {torch.float64: 1e-12, torch.float32: 1e-6}
@@ -241,13 +241,13 @@ def test_replicas_made_without_grad_mode_do_not_track_gradients():
 
 def test_replicate_explains_that_the_module_must_live_on_the_first_device():
     net = nn.Linear(3, 2, device="meta")
-    with pytest.raises(RuntimeError, match=r"on device cpu \(devices\[0\]\) but found 'weight' on device: meta"):
+    with pytest.raises(DeviceError, match=r"on device cpu \(devices\[0\]\) but found 'weight' on device: meta"):
         replicate(net, simulated(2))
 
 
 def test_uninitialised_lazy_layers_ask_for_one_dummy_forward_first():
     net = nn.Sequential(nn.LazyLinear(3), nn.ReLU(), nn.LazyLinear(2))
-    with pytest.raises(RuntimeError, match="Run one dummy forward first"):
+    with pytest.raises(ConfigError, match="Run one dummy forward first"):
         data_parallel(net, torch.randn(4, 5), simulated(2))
     net(torch.zeros(1, 5))  # the dummy forward fixes the shapes
     assert data_parallel(net, torch.randn(4, 5), simulated(2)).shape == (4, 2)
@@ -360,7 +360,7 @@ def test_scatter_kwargs_keeps_positional_and_keyword_chunks_together():
 
 
 def test_scatter_names_the_valid_range_when_the_dimension_is_out_of_range():
-    with pytest.raises(IndexError, match=r"dim=2 is out of range for a tensor of shape \(5, 3\): use a dimension "
+    with pytest.raises(ConfigError, match=r"dim=2 is out of range for a tensor of shape \(5, 3\): use a dimension "
                                          r"from -2 to 1"):
         scatter(torch.zeros(5, 3), simulated(2), dim=2)
 
@@ -491,12 +491,12 @@ def test_gather_lists_the_shapes_when_the_other_dimensions_differ():
 
 
 def test_gather_names_the_valid_range_when_the_dimension_is_out_of_range():
-    with pytest.raises(IndexError, match=r"dim=3 is out of range .* from -2 to 1"):
+    with pytest.raises(ConfigError, match=r"dim=3 is out of range .* from -2 to 1"):
         gather([torch.zeros(3, 2), torch.zeros(2, 2)], "cpu", dim=3)
 
 
 def test_gather_refuses_values_it_cannot_combine():
-    with pytest.raises(TypeError, match="Return a tensor instead"):
+    with pytest.raises(ConfigError, match="Return a tensor instead"):
         gather([("a", torch.zeros(1)), ("b", torch.zeros(1))], "cpu")
 
 
@@ -540,7 +540,7 @@ def test_a_gpu_that_does_not_exist_is_refused_saying_how_many_there_are():
     have = torch.cuda.device_count() if torch.cuda.is_available() else 0
     missing = f"cuda:{have + 6}"
     expected = "no CUDA GPU" if have == 0 else f"{have} CUDA GPU"
-    with pytest.raises(ValueError, match=rf"device {missing} does not exist: this machine has {expected}"):
+    with pytest.raises(ValueError, match=rf"{missing} does not exist: this machine has {expected}"):
         data_parallel(nn.Linear(2, 2), torch.randn(4, 2), [missing])
     with pytest.raises(ValueError, match=rf"{missing} does not exist"):
         gather([torch.zeros(1)], missing)
@@ -553,7 +553,7 @@ def test_mixing_gpus_and_the_cpu_is_refused_in_pytorchs_words():
 
 
 def test_a_single_device_instead_of_a_list_is_explained():
-    with pytest.raises(TypeError, match="must be a list of devices"):
+    with pytest.raises(DeviceError, match="must be a list of devices"):
         data_parallel(nn.Linear(2, 2), torch.randn(4, 2), "cpu")
 
 
@@ -779,8 +779,9 @@ def test_a_failed_save_leaves_the_previous_checkpoint_intact_and_no_temporary_fi
 
     module, name = crash_in.split(".")
     monkeypatch.setattr({"torch": torch, "os": os}[module], name, crash)
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(CheckpointError, match="disk full") as info:
         save_checkpoint(nn.Linear(2, 2), path, epoch=2)
+    assert f"could not write {path}: disk full" in str(info.value) and ".tmp" not in str(info.value)
     monkeypatch.undo()
     assert path.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt.pt"]
@@ -796,13 +797,13 @@ def test_a_file_that_is_not_a_checkpoint_is_explained_when_loading(tmp_path):
 def test_saving_never_overwrites_a_file_that_is_not_a_checkpoint(tmp_path):
     notes = tmp_path / "notes.txt"
     notes.write_text("my results")
-    with pytest.raises(FileExistsError, match="not a PyTorch checkpoint; it was left untouched"):
+    with pytest.raises(CheckpointError, match="not a checkpoint written by save_checkpoint; it was left untouched"):
         save_checkpoint(nn.Linear(2, 2), notes)
     assert notes.read_text() == "my results"
 
 
 def test_saving_an_uninitialised_lazy_model_asks_for_a_dummy_forward(tmp_path):
-    with pytest.raises(RuntimeError, match="Run one dummy forward first"):
+    with pytest.raises(ConfigError, match="Run one dummy forward first"):
         save_checkpoint(nn.LazyLinear(2), tmp_path / "lazy.pt")
     assert not (tmp_path / "lazy.pt").exists()
 
@@ -897,3 +898,85 @@ def test_on_gpus_a_gpu_past_the_last_one_is_refused_saying_how_many_exist():
     n = torch.cuda.device_count()
     with pytest.raises(ValueError, match=rf"cuda:{n} does not exist: this machine has {n} CUDA GPU"):
         replicate(nn.Linear(2, 2).to("cuda:0"), [f"cuda:{i}" for i in range(n + 1)])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# AttrDataParallel's lookup order on machines with and without a GPU
+# ---------------------------------------------------------------------------------------------------------------
+class NamesLikeDataParallel(Classifier):
+    """A model whose plain attributes share every name that DataParallel sets on a GPU machine."""
+
+    def __init__(self):
+        super().__init__()
+        self.dim, self.output_device, self.src_device_obj = "model's dim", "model's device", "model's src"
+
+
+def names_dataparallel_sets_with_gpus(monkeypatch):
+    """The instance attributes nn.DataParallel.__init__ sets when it sees GPUs (two, simulated)."""
+    dp_module = sys.modules[nn.DataParallel.__module__]
+    with monkeypatch.context() as m:
+        m.setattr(dp_module, "_get_available_device_type", lambda: "cuda")
+        m.setattr(dp_module, "_get_all_device_indices", lambda: [0, 1])
+        m.setattr(dp_module, "_check_balance", lambda device_ids: None)
+        reference = nn.DataParallel(nn.Linear(2, 2))
+    return set(vars(reference)) - set(vars(nn.Module()))
+
+
+def test_dataparallels_names_win_on_machines_with_and_without_gpus(monkeypatch):
+    names = names_dataparallel_sets_with_gpus(monkeypatch)
+    assert {"dim", "output_device", "src_device_obj", "device_ids"} <= names
+    net = NamesLikeDataParallel()
+    dp, _ = wrap(net)
+    for name in names:
+        assert name in vars(dp), f"{name} would fall through to the wrapped model"
+        assert getattr(dp, name) != getattr(net, name), name
+    assert dp.dim == 0 and dp.module is net
+    assert dp.temperature == 0.5  # names DataParallel does not have still reach the model
+    if not torch.cuda.is_available():
+        assert dp.output_device is None and dp.src_device_obj is None and dp.device_ids == []
+        plain = nn.DataParallel(NamesLikeDataParallel())
+        assert "dim" not in vars(plain)  # the cause: without a GPU, DataParallel.__init__ stops early
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Bad arguments: a clear error of the course's classes, before anything runs
+# ---------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("call, error, match", [
+    (lambda: replicate(lambda x: x, simulated(2)), ConfigError, "replicate copies an nn.Module, got function"),
+    (lambda: replicate(nn.Linear(2, 2), []), DeviceError, "is empty"),
+    (lambda: scatter(torch.zeros(4, 2), simulated(2), dim=0.5), ConfigError, "dim=0.5 must be an int"),
+    (lambda: scatter(torch.zeros(4, 2), simulated(2), dim=True), ConfigError, "dim=True must be an int"),
+    (lambda: scatter(torch.zeros(4, 2), "cpu"), DeviceError, "must be a list of devices"),
+    (lambda: scatter_kwargs((torch.zeros(4),), [("mask", 1)], simulated(2)), ConfigError,
+     "kwargs must be a dict of keyword arguments, got list"),
+    (lambda: parallel_apply(nn.Linear(2, 2), [torch.zeros(1, 2)]), ConfigError, "modules must be a list"),
+    (lambda: parallel_apply([nn.Identity()], torch.zeros(1, 2)), ConfigError, "inputs must be a list"),
+    (lambda: parallel_apply([nn.Identity()], [torch.zeros(1)], [{}, {}]), ConfigError, "1 modules but 2 kwargs_tup"),
+    (lambda: parallel_apply([nn.Identity()], [torch.zeros(1)], devices=["cpu", "cpu"]), ConfigError,
+     "1 modules but 2 devices"),
+    (lambda: parallel_apply([nn.Identity()], [torch.zeros(1)], devices=["tpu"]), DeviceError, "not a device"),
+    (lambda: gather(torch.zeros(4, 2), "cpu"), ConfigError, "outputs must be a list .* got Tensor"),
+    (lambda: gather([], "cpu"), ConfigError, "gather got no outputs"),
+    (lambda: gather([torch.zeros(1)], "tpu"), DeviceError, "target_device='tpu' is not a device"),
+    (lambda: gather([torch.zeros(1), None], "cpu"), ConfigError, "is a tensor on some replicas and not on others"),
+    (lambda: gather([{"a": torch.zeros(1)}, {"b": torch.zeros(1)}], "cpu"), ConfigError, "different keys"),
+    (lambda: gather([[torch.zeros(1)], [torch.zeros(1)] * 2], "cpu"), ConfigError, "different lengths"),
+    (lambda: data_parallel(nn.Linear(2, 2), torch.zeros(4, 2), None), ConfigError, "device_ids=None"),
+    (lambda: data_parallel(nn.Linear(2, 2), torch.zeros(4, 2), simulated(2), module_kwargs=[1]), ConfigError,
+     "module_kwargs must be a dict"),
+    (lambda: data_parallel(nn.Linear(2, 2), torch.zeros(4, 2), simulated(2), output_device="cuda:99"), DeviceError,
+     "output_device=cuda:99 does not exist"),
+], ids=lambda v: v if isinstance(v, str) else "")
+def test_bad_arguments_to_the_primitives_are_explained(call, error, match):
+    with pytest.raises(error, match=match):
+        call()
+
+
+def test_errors_speak_japanese_in_the_japanese_edition(monkeypatch):
+    monkeypatch.setenv("MPARLIB_LANG", "ja")
+    with pytest.raises(ConfigError, match="scatter の dim=2 は、形 \\(5, 3\\) のテンソルの範囲外です"):
+        scatter(torch.zeros(5, 3), simulated(2), dim=2)
+    with pytest.raises(ConfigError, match="遅延パラメータ"):
+        replicate(nn.LazyLinear(2), simulated(2))
+    with pytest.raises(ValueError, match="デバイス cpu のレプリカ 1 で ValueError が発生しました: this chunk is bad"):
+        data_parallel(FailsOnSecondChunk(), torch.tensor([[-1.0], [1.0]]), simulated(2))

@@ -90,3 +90,13 @@ def test_a_curve_with_a_single_point_is_still_visible(tmp_path):
     animator.add(2, 0.6)
     (line,) = animator.ax.get_lines()
     assert line.get_marker() in ("None", None, "")
+
+
+def test_an_atomic_write_error_names_the_target_and_leaves_no_temporary_file(tmp_path):
+    from mparlib.files import atomic_write_bytes
+
+    (tmp_path / "a.png").mkdir()  # a folder where the file should go
+    with pytest.raises(IsADirectoryError) as info:
+        atomic_write_bytes(tmp_path / "a.png", b"data")
+    assert info.value.filename == str(tmp_path / "a.png") and ".tmp" not in str(info.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.png"] and (tmp_path / "a.png").is_dir()

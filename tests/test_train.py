@@ -2,18 +2,23 @@
 
 Small CNNs on synthetic images keep these tests fast; ResNet-18 itself runs only in the slow CLI test.
 """
+import copy
 import json
+import math
 import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
-from mparlib import models
+from mparlib import data, models
 from mparlib import train as T
+from mparlib import train_cli as C
+from mparlib.errors import ConfigError, DeviceError, TrainingDiverged
 
 
 def tiny_cnn(lazy=False):
@@ -161,49 +166,157 @@ def test_evaluate_accuracy_against_direct_count():
 
 
 def test_evaluate_accuracy_refuses_lazy_model():
-    with pytest.raises(ValueError, match="lazy"):
+    with pytest.raises(ConfigError, match="lazy"):
         T.evaluate_accuracy(tiny_cnn(lazy=True), synthetic(16, 16, 0), CPU)
 
 
 def test_check_devices():
     n = torch.cuda.device_count() if torch.cuda.is_available() else 0
     assert T.check_devices(None) == ([torch.device("cuda", i) for i in range(n)] or CPU)
-    assert T.check_devices("cpu") == CPU
-    with pytest.raises(RuntimeError, match=f"PyTorch sees {n} GPU"):
+    assert T.check_devices("cpu") == CPU  # one device alone is a list of one
+    assert T.check_devices([-1]) == CPU  # torch.nn.parallel's number of the CPU
+    with pytest.raises(DeviceError, match=f"cuda:{n} does not exist"):
         T.check_devices([f"cuda:{n}"])  # one more than exist: an error, not the CPU
-    with pytest.raises(RuntimeError, match=f"PyTorch sees {n} GPU"):
+    with pytest.raises(DeviceError, match=f"cuda:{n} does not exist"):
         T.check_devices([n])
-    with pytest.raises(ValueError, match="empty.*try_all_gpus"):
+    with pytest.raises(DeviceError, match="empty.*try_all_gpus"):
         T.check_devices([])
-    with pytest.raises(ValueError, match="CUDA GPUs only"):
+    with pytest.raises(DeviceError, match="CUDA GPUs only"):
         T.check_devices(["cpu", "cpu"])
     assert T.check_devices(["cpu", "cpu"], simulated=True) == CPU * 2
-    with pytest.raises(ValueError, match="Not a device"):
+    with pytest.raises(DeviceError, match="is not a device"):
         T.check_devices(["gpu0"])
+
+
+def test_check_devices_uses_the_course_device_check(monkeypatch):
+    """train's rules sit on top of mparlib.devices.check_devices: it sees every list, and its verdict stands."""
+    from mparlib import devices
+
+    seen = []
+    real = devices.check_devices
+    monkeypatch.setattr(devices, "check_devices", lambda d, what="devices": seen.append(d) or real(d, what))
+    T.check_devices(["cpu"])
+    with pytest.raises(DeviceError, match="mixes kinds"):
+        T.check_devices(["cpu", "meta"])
+    assert seen == [["cpu"], ["cpu", "meta"]]
 
 
 def test_device_errors_speak_japanese(monkeypatch):
     monkeypatch.setenv("MPARLIB_LANG", "ja")
-    with pytest.raises(ValueError, match="デバイスのリストが空です"):
+    with pytest.raises(DeviceError, match="が空です"):
         T.check_devices([])
+    with pytest.raises(DeviceError, match="CUDA の GPU だけ"):
+        T.check_devices(["cpu", "cpu"])
 
 
 def test_train_checks_devices_before_touching_the_model():
     net = tiny_cnn()
     n = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    with pytest.raises(RuntimeError, match="PyTorch sees"):
+    with pytest.raises(DeviceError, match="does not exist"):
         T.train(net, [torch.device("cuda", n)], batch_size=16, lr=0.1, num_epochs=1,
                 data=(synthetic(16, 16, 0), synthetic(16, 16, 0)), animator=False)
     assert next(net.parameters()).device.type == "cpu"
 
 
-@pytest.mark.parametrize("kwargs, match", [(dict(num_epochs=0), "num_epochs"), (dict(lr=-1), "lr"),
-                                           (dict(data="fashion"), "data must be")])
-def test_train_rejects_bad_arguments(kwargs, match):
-    args = dict(batch_size=16, lr=0.1, num_epochs=1, data=(synthetic(16, 16, 0), synthetic(16, 16, 0)),
-                animator=False)
-    with pytest.raises(ValueError, match=match):
-        T.train(tiny_cnn(), CPU, **{**args, **kwargs})
+TOY = (synthetic(16, 16, 0), synthetic(16, 16, 0))
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(num_epochs=0), "num_epochs=0"), (dict(num_epochs=1.5), "num_epochs=1.5"),
+    (dict(num_epochs=True), "num_epochs=True"), (dict(num_epochs="3"), "num_epochs='3'"),
+    (dict(lr=-1), "lr=-1"), (dict(lr=0), "lr=0"), (dict(lr=float("nan")), "lr=nan"),
+    (dict(lr=float("inf")), "lr=inf"), (dict(lr="0.1"), "lr='0.1'"), (dict(batch_size=0), "batch_size=0"),
+    (dict(batch_size=-16), "batch_size=-16"), (dict(data="fashion"), "data must be"),
+])
+def test_train_rejects_bad_hyperparameters(kwargs, match):
+    """Each bad value is refused before any work, naming the value; non-finite ones included (nan <= 0 is False)."""
+    args = dict(batch_size=16, lr=0.1, num_epochs=1, data=TOY, animator=False)
+    net = tiny_cnn()
+    before = copy.deepcopy(net.state_dict())
+    with pytest.raises(ConfigError, match=re.escape(match)):
+        T.train(net, CPU, **{**args, **kwargs})
+    assert all(torch.equal(a, b) for a, b in zip(net.state_dict().values(), before.values()))  # not touched
+
+
+class OneBatchOfX:
+    """An iterable whose batches are images without labels."""
+
+    def __iter__(self):
+        yield torch.zeros(4, 1, 8, 8)
+
+
+@pytest.mark.parametrize("net, devices, data, error, match", [
+    (tiny_cnn(), 3.5, TOY, DeviceError, "not a list of devices"),
+    (tiny_cnn(), [0.5], TOY, DeviceError, "0.5 is not a device"),
+    (tiny_cnn(), ["cuda:0", "cpu"], TOY, DeviceError, "mixes kinds"),
+    (tiny_cnn(), CPU, (TOY[0],), ConfigError, "data must be"),
+    (tiny_cnn(), CPU, (torch.zeros(16, 1, 8, 8), torch.zeros(16)), ConfigError, "train_iter is a tensor of shape"),
+    (tiny_cnn(), CPU, (iter(TOY[0]), TOY[1]), ConfigError, "one-pass iterator"),
+    (tiny_cnn(), CPU, (TOY[0], (b for b in TOY[1])), ConfigError, "test_iter is a one-pass iterator"),
+    (tiny_cnn(), CPU, (3, TOY[1]), ConfigError, "train_iter is int"),
+    (tiny_cnn(), CPU, ([], TOY[1]), ConfigError, "train_iter yielded no batch"),
+    (tiny_cnn(), CPU, (TOY[0], []), ConfigError, "test_iter yielded no batch"),
+    (tiny_cnn(lazy=True), CPU, (TOY[0], []), ConfigError, "test_iter yielded no batch"),
+    (tiny_cnn(), CPU, (OneBatchOfX(), TOY[1]), ConfigError, "yielded a tensor of shape \\(4, 1, 8, 8\\)"),
+    (tiny_cnn(), CPU, ([(1, 2, 3)], TOY[1]), ConfigError, "yielded tuple; each batch must be a pair"),
+    (lambda X: X, CPU, TOY, ConfigError, "pass a torch.nn.Module"),
+    (nn.ReLU(), CPU, TOY, ConfigError, "no parameters"),
+    (nn.Linear(64, 3, device="meta"), CPU, TOY, ConfigError, "meta"),
+])
+def test_train_explains_bad_inputs(net, devices, data, error, match):
+    with pytest.raises(error, match=match):
+        T.train(net, devices, batch_size=16, lr=0.1, num_epochs=2, data=data, animator=False, verbose=False)
+
+
+class NaNAt:
+    """Batches of ``batches``, with NaN in the images of step ``step`` (counted from 1) of epoch ``epoch``."""
+
+    def __init__(self, batches, epoch, step):
+        self.batches, self.epoch, self.step, self.passes = batches, epoch, step, 0
+
+    def __len__(self):
+        return len(self.batches)
+
+    def __iter__(self):
+        self.passes += 1
+        for i, (X, y) in enumerate(self.batches, 1):
+            yield (X * float("nan") if (self.passes, i) == (self.epoch, self.step) else X), y
+
+
+class NaNModel(nn.Module):
+    """tiny_cnn whose output turns NaN from its ``bad``-th call in training mode on."""
+
+    def __init__(self, bad):
+        super().__init__()
+        self.net, self.calls, self.bad = tiny_cnn(), 0, bad
+
+    def forward(self, X):
+        self.calls += self.training
+        out = self.net(X)
+        return out * float("nan") if self.training and self.calls >= self.bad else out
+
+
+@pytest.mark.parametrize("source", ["input", "model"])
+def test_training_stops_at_the_first_non_finite_loss(source):
+    """A NaN loss in step 5 of epoch 2 (6 steps per epoch; the loop reads its sums after steps 1, 2, 3, 4 and 6)
+    stops training there, names that step (not the step where it was noticed), and keeps epoch 1's history."""
+    torch.manual_seed(0)
+    batches = synthetic(96, 16, 1)
+    train_iter = NaNAt(batches, 2, 5) if source == "input" else NaNAt(batches, 0, 0)
+    net = tiny_cnn() if source == "input" else NaNModel(bad=6 + 5)
+    with pytest.raises(TrainingDiverged, match=r"became nan in epoch 2, step 5;") as e:
+        T.train(net, CPU, batch_size=16, lr=0.1, num_epochs=4, data=(train_iter, synthetic(32, 16, 2)),
+                animator=False, verbose=False)
+    assert isinstance(e.value, ArithmeticError)
+    assert train_iter.passes == 2  # epochs 3 and 4 never started
+    assert e.value.history.epochs == 1 and math.isfinite(e.value.history.train_loss[0])
+
+
+def test_divergence_message_speaks_japanese(monkeypatch):
+    monkeypatch.setenv("MPARLIB_LANG", "ja")
+    with pytest.raises(TrainingDiverged, match="1エポック目のステップ 2 で訓練損失が nan"):
+        T.train(tiny_cnn(), CPU, batch_size=16, lr=0.1, num_epochs=1,
+                data=(NaNAt(synthetic(64, 16, 1), 1, 2), synthetic(32, 16, 2)), animator=False, verbose=False)
 
 
 @pytest.mark.gpu
@@ -234,16 +347,129 @@ def test_cli_help(tmp_path):
         assert option in r.stdout
 
 
-def test_cli_never_overwrites_and_checks_gpus(tmp_path):
-    plot = tmp_path / "mine.png"
-    plot.write_bytes(b"user data")
-    r = run_cli("--plot", str(plot), cwd=tmp_path)
-    assert r.returncode == 2 and "--overwrite" in r.stderr
-    assert plot.read_bytes() == b"user data"
-    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    r = run_cli("--gpus", str(n + 1), "--plot", str(tmp_path / "new.png"), cwd=tmp_path)
-    assert r.returncode == 2 and f"PyTorch sees {n}" in r.stderr
-    assert not (tmp_path / "new.png").exists()
+def test_cli_lr_nan_exits_2_with_the_reason(tmp_path):
+    """`python -m mparlib.train --lr nan` used to train and print `train loss nan` with exit code 0."""
+    r = run_cli("--lr", "nan", cwd=tmp_path)
+    assert r.returncode == 2 and "--lr" in r.stderr and "'nan' is not a positive, finite number" in r.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+NUM_GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--lr", "inf"], "'inf' is not a positive, finite number"), (["--lr", "-0.1"], "is not a positive"),
+    (["--batch-size", "0"], "'0' is not a positive integer"), (["--epochs", "0"], "'0' is not a positive integer"),
+    (["--subset", "0"], "'0' is not a positive integer"), (["--subset", "1", "2", "3"], "--subset takes N"),
+    (["--gpus", str(NUM_GPUS + 1)], f"PyTorch sees {NUM_GPUS} GPU(s)"), (["--gpus", "0"], "is not a positive"),
+    (["--gpus", "1", "--cpu"], "either --gpus N or --cpu"), (["--fast", "--gpus", "2"], "--fast trains on one device"),
+    (["--plot", "a.png", "--json", "./a.png"], "the same file"), (["--plot", "."], "is a folder"),
+])
+def test_cli_refuses_bad_options_before_any_work(argv, says, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as e:
+        C.main(argv)
+    assert e.value.code == 2 and says in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []  # nothing written, no run folder
+
+
+def test_cli_never_overwrites_unless_told(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    for option in ("--plot", "--json"):
+        mine = tmp_path / f"mine{option}"
+        mine.write_bytes(b"user data")
+        with pytest.raises(SystemExit) as e:
+            C.main([option, str(mine)])
+        assert e.value.code == 2 and "--overwrite" in capsys.readouterr().err
+        assert mine.read_bytes() == b"user data"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine--json", "mine--plot"]
+
+
+def test_run_folders_are_new_every_time(tmp_path, monkeypatch):
+    monkeypatch.setattr(C.time, "strftime", lambda fmt: "20250101-120000")  # two runs within the same second
+    old = tmp_path / "runs" / "train-20250101-120000"
+    old.mkdir(parents=True)
+    (old / "history.json").write_text("an earlier run")
+    first, made = C._new_run_folder(tmp_path / "runs")
+    second, _ = C._new_run_folder(tmp_path / "runs")
+    assert (first.name, second.name) == ("train-20250101-120000-2", "train-20250101-120000-3")
+    assert made == [first] and list(first.iterdir()) == [] and (old / "history.json").read_text() == "an earlier run"
+
+
+def fake_train(raises):
+    def train(net, devices, **kwargs):
+        kwargs["animator"].add(1, (1.0, 0.5, 0.5))  # the plot of a first epoch, as the real loop draws it
+        history = T.History(devices=devices, train_loss=[1.0], train_acc=[0.5], test_acc=[0.5], seconds=[1.0],
+                            images_per_s=[64.0])
+        error = raises()
+        error.history = history
+        raise error
+    return train
+
+
+def test_cli_reports_course_errors_and_keeps_what_was_done(tmp_path, monkeypatch, capsys):
+    """A course error prints `error: ...` and exits 2; a diverged run keeps its plot and its finished epochs."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(C, "train", fake_train(lambda: TrainingDiverged("the loss became nan in epoch 2, step 5")))
+    assert C.main(["--cpu"]) == 2
+    assert "error: the loss became nan in epoch 2, step 5" in capsys.readouterr().err
+    (run,) = (tmp_path / "runs").iterdir()
+    assert json.loads((run / C.HISTORY_NAME).read_text())["test_acc"] == [0.5]
+    assert (run / C.PLOT_NAME).read_bytes()[:4] == b"\x89PNG"
+
+
+def test_cli_interrupted_run_keeps_its_files_and_exits_130(tmp_path, monkeypatch, capsys):
+    """Ctrl-C during training: train() returns the finished epochs; the command writes them and exits 130."""
+    monkeypatch.chdir(tmp_path)
+
+    def interrupted(net, devices, **kwargs):
+        kwargs["animator"].add(1, (1.0, 0.5, 0.5))
+        return T.History(devices=devices, train_loss=[1.0], train_acc=[0.5], test_acc=[0.5], seconds=[1.0],
+                         images_per_s=[64.0], interrupted=True)
+
+    monkeypatch.setattr(C, "train", interrupted)
+    assert C.main(["--cpu", "--json", "h.json"]) == 130
+    assert json.loads((tmp_path / "h.json").read_text())["interrupted"] is True
+    (run,) = (tmp_path / "runs").iterdir()
+    assert [p.name for p in run.iterdir()] == [C.PLOT_NAME]  # --json said where the history goes
+    assert "history: h.json" in capsys.readouterr().out
+
+
+def test_cli_leaves_no_empty_run_folder_and_shows_bugs(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+
+    def fails(error):
+        def train(*args, **kwargs):
+            raise error
+        return train
+
+    monkeypatch.setattr(C, "train", fails(ConfigError("bad setting")))
+    assert C.main(["--cpu"]) == 2 and "error: bad setting" in capsys.readouterr().err
+    monkeypatch.setattr(C, "train", fails(KeyboardInterrupt()))  # Ctrl-C while the data loads
+    assert C.main(["--cpu"]) == 130 and "Interrupted before the first epoch" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []  # the empty run folders (and runs/) are gone
+    monkeypatch.setattr(C, "train", fails(RuntimeError("a bug")))
+    with pytest.raises(RuntimeError, match="a bug"):  # not a course error: its traceback shows
+        C.main(["--cpu"])
+
+
+@pytest.mark.skipif(not all((data.SYSTEM_DIR / (f + ".gz")).is_file() or (data.SYSTEM_DIR / f).is_file()
+                            for f in data.FILES["train"] + data.FILES["test"]),
+                    reason="Fashion-MNIST not installed (apt-get install dataset-fashion-mnist)")
+def test_cli_writes_into_a_new_run_folder_by_default(tmp_path, monkeypatch, capsys):
+    """Without --plot nothing lands in the current folder except runs/train-<time>/ with the plot and history."""
+    monkeypatch.chdir(tmp_path)
+    argv = ["--cpu", "--subset", "64", "32", "--batch-size", "32", "--epochs", "1", "--data", str(data.SYSTEM_DIR)]
+    assert C.main(argv) == 0
+    assert [p.name for p in tmp_path.iterdir()] == ["runs"]
+    (run,) = (tmp_path / "runs").iterdir()
+    assert re.fullmatch(r"train-\d{8}-\d{6}", run.name)
+    assert sorted(p.name for p in run.iterdir()) == sorted([C.PLOT_NAME, C.HISTORY_NAME])
+    assert (run / C.PLOT_NAME).read_bytes()[:4] == b"\x89PNG"
+    hist = json.loads((run / C.HISTORY_NAME).read_text())
+    assert hist["devices"] == ["cpu"] and len(hist["test_acc"]) == 1 and hist["batch_size"] == 32
+    out = capsys.readouterr().out
+    assert f"run folder: {Path('runs') / run.name}" in out and f"history: {Path('runs') / run.name}" in out
 
 
 @pytest.mark.slow

@@ -16,6 +16,13 @@
 # | 05 Multi-GPU ResNet-18 | training a ResNet-18 on Fashion-MNIST on one and on all devices |
 # | 06 DistributedDataParallel | one process per device, `torchrun`, checkpoints that survive a crash |
 # | 07 Performance | where the time goes, and how to use the hardware you already have |
+# | 08 Collective communication | send/recv, an all-reduce built from them, bandwidth, DDP's gradient buckets, hangs |
+# | 09 Sharding | ZeRO, FSDP2, sharded checkpoints |
+# | 10 Model parallelism: tensor and pipeline | splitting a layer across devices, pipelines across processes, 2D parallelism |
+#
+# Chapters 01-07 are about data parallelism. The last three look underneath and beyond it: the collective
+# operations it is built on (08), sharding the model's state over the devices (09), and splitting the model itself
+# (10).
 #
 # Code that several chapters share lives in the small package `mparlib`; a chapter defines what it teaches.
 # <!-- ja -->
@@ -33,6 +40,11 @@
 # | 05 複数 GPU での ResNet-18 | Fashion-MNIST で ResNet-18 を 1つのデバイスとすべてのデバイスで訓練する |
 # | 06 DistributedDataParallel | デバイスごとに 1個のプロセス、`torchrun`、落ちても失われないチェックポイント |
 # | 07 性能 | 時間がどこで使われているかを調べ、手元のハードウェアを使い切る |
+# | 08 集団通信 | send/recv、それで組み立てるオールリデュース、帯域幅、DDP の勾配バケット、ハング |
+# | 09 シャーディング | ZeRO、FSDP2、シャーディングしたチェックポイント |
+# | 10 モデル並列: テンソル並列とパイプライン並列 | 1つの層を複数のデバイスに分ける、プロセスをまたぐパイプライン、2次元並列 |
+#
+# 1〜7章はデータ並列を扱います。最後の 3つの章では、その下と先に進みます。データ並列を支える集団通信（8章）、モデルの状態をデバイスに分けて持つシャーディング（9章）、モデルそのものの分割（10章）です。
 #
 # 複数の章で使うコードは小さなパッケージ `mparlib` にまとめています。各章で教える内容そのものは、その章のノートブックの中で定義します。
 
@@ -55,8 +67,41 @@ from mparlib.data import load_fashion_mnist, text_labels
 from mparlib.lang import tr
 from mparlib.plot import Animator
 
+mparlib.plot.use_course_style()  # a font with Japanese glyphs for this notebook's figures
 print(mparlib.report())
 print(mparlib.profile_line())
+
+# %% [markdown]
+# <!-- en -->
+# ## No GPU? Where the real experiments run
+#
+# Every chapter runs on the machine you have. Without a GPU, the `smoke` profile (next section) keeps the
+# experiments small, and **simulated devices**, the CPU listed several times, show how data parallelism splits the
+# work. What a CPU cannot show is the real thing: training at full size, and the speed-up of several GPUs. For that,
+# hosted notebooks lend you GPUs free of charge, within a usage quota:
+#
+# - **Google Colab** gives a notebook one GPU, for example an NVIDIA T4: in the menu, Runtime > Change runtime type
+#   > T4 GPU. One GPU runs every experiment at full size; the parts of chapters 01-06 that need two GPUs still run
+#   on simulated devices or as CPU processes.
+# - **Kaggle** gives one notebook two GPUs, "GPU T4 x2" (in the notebook's Settings > Accelerator). That is
+#   enough for chapters 01-06 on real hardware: `nn.DataParallel` really splits each batch over two GPUs, and DDP
+#   runs two processes with the nccl backend. Kaggle asks you to verify a phone number before it turns on GPUs and
+#   internet access, and the notebook needs internet access to install the course.
+#
+# When the course is published from a repository (its address set as `repository` in `book.toml`), every notebook
+# and every page of the book starts with what a hosted notebook needs: a line of links, "Open in Colab" and "Open in
+# Kaggle", which open that very notebook there, and a code cell that installs the course (about a minute) and does
+# nothing where the course is already installed, as it did here. After that, the notebook runs as it does on your
+# own machine, and since PyTorch now sees a GPU, the profile is `full`.
+# <!-- ja -->
+# ## GPU がない場合: 本物の実験を動かせる場所
+#
+# どの章も手元のマシンで動きます。GPU がなければ、`smoke` プロファイル（次の節）が実験を小さく保ち、**模擬デバイス**（CPU を何回か並べたリスト）がデータ並列による仕事の分け方を見せます。CPU では見せられないのは本物の実験、つまり本来の規模の訓練と、複数の GPU による高速化です。これには、GPU を無料で（利用時間の上限の範囲で）貸してくれるクラウドのノートブックを使えます。
+#
+# - **Google Colab** では、1つのノートブックで GPU 1枚（たとえば NVIDIA T4）を使えます。メニューの「ランタイム」>「ランタイムのタイプを変更」で「T4 GPU」を選びます。GPU 1枚でどの実験も本来の規模で動きますが、1〜6章のうち GPU 2枚を必要とする部分は、模擬デバイスか CPU のプロセスで動きます。
+# - **Kaggle** では、1つのノートブックで GPU 2枚（「GPU T4 x2」）を使えます。ノートブックの「Settings」>「Accelerator」で選びます。これで 1〜6章を本物のハードウェアで実行できます。`nn.DataParallel` は各バッチを本当に 2枚の GPU に分け、DDP は nccl バックエンドで 2個のプロセスを動かします。Kaggle では、GPU とインターネット接続を有効にする前に電話番号の確認を求められます。コースのインストールにはインターネット接続が必要です。
+#
+# コースをリポジトリから公開している場合（`book.toml` の `repository` にアドレスを設定した場合）、どのノートブックにも、本のどのページにも、クラウドのノートブックに必要なものが先頭に付きます。1つは「Colab で開く」「Kaggle で開く」のリンクで、そのノートブックをそのままクラウドで開きます。もう 1つはコースをインストールするコードセルです（1分ほどかかります）。コースがインストール済みの環境では、ここでそうだったように何もしません。インストールが済めば、ノートブックは手元のマシンと同じように動きます。PyTorch から GPU が見えるので、プロファイルは `full` になります。
 
 # %% [markdown]
 # <!-- en -->
@@ -135,8 +180,9 @@ assert all(d.type == ("cuda" if mparlib.num_gpus() else "cpu") for d in devices)
 # %%
 train_iter, test_iter = load_fashion_mnist(batch_size=18)
 X, y = next(iter(test_iter))
-print("images:", tuple(X.shape), X.dtype, f"values in [{X.min():.0f}, {X.max():.0f}]")
-print("labels:", tuple(y.shape), y.dtype)
+print(tr("images:", "画像:"), tuple(X.shape), X.dtype,
+      tr(f"values in [{X.min():.0f}, {X.max():.0f}]", f"値の範囲 [{X.min():.0f}, {X.max():.0f}]"))
+print(tr("labels:", "ラベル:"), tuple(y.shape), y.dtype)
 
 # %% [markdown]
 # <!-- en -->
@@ -144,7 +190,7 @@ print("labels:", tuple(y.shape), y.dtype)
 # keeps the file order, so the first batch is always the same 18 images. Their class names come from
 # `text_labels`, in the language of this notebook:
 # <!-- ja -->
-# 各バッチは形状が（バッチ、チャンネル、高さ、幅）の画像と整数のラベルからなります。テスト用イテレータはファイルの順序を保つので、最初のバッチはいつも同じ 18枚です。クラス名は `text_labels` で取得でき、このノートブックの言語で表示されます。
+# 各バッチは形状が（バッチ、チャネル、高さ、幅）の画像と整数のラベルからなります。テスト用イテレータはファイルの順序を保つので、最初のバッチはいつも同じ 18枚です。クラス名は `text_labels` で取得でき、このノートブックの言語で表示されます。
 
 # %%
 import matplotlib.pyplot as plt
@@ -169,12 +215,22 @@ print(text_labels(y[:6]))
 #
 # A short demonstration: a softmax regression (one linear layer) trained for a few epochs on a small part of
 # the training set, with the training loss and the test accuracy drawn after every epoch.
+#
+# The course draws its figures with a font that has Japanese glyphs: `mparlib.plot.use_course_style()`, called
+# in this notebook's first cell, sets it (importing mparlib changes nothing in matplotlib), and
+# `with mparlib.plot.course_style():` applies the same style to the figures made inside the block only.
+# `mparlib.plot.figure_png(fig)` renders a figure to PNG bytes with no date in them. The training loops' progress
+# bars come from `mparlib.progress.progress_bar`: shown in a terminal and in Jupyter (where
+# `mparlib.progress.in_kernel()` is true), left out when `mparlib.progress.quiet()` is true (under pytest, and with
+# `MPARLIB_QUIET=1`, which builds the stored notebooks).
 # <!-- ja -->
 # ## 学習曲線のライブ表示
 #
-# 訓練ループはエポックごとに進み具合を報告します。`mparlib.plot.Animator` はその値が届くたびにグラフを描きます。JupyterLab では画像を**1枚**だけ表示し、更新のたびにその場で差し替えるため、同じセルで出力したテキストも消えません。スクリプトや `torchrun` の下では PNG ファイルを書き出し、更新ごとに 1行を表示します。
+# 訓練ループはエポックごとに進み具合を報告します。`mparlib.plot.Animator` はその値が届くたびにグラフを描きます。JupyterLab では画像を **1枚**だけ表示し、更新のたびにその場で差し替えるため、同じセルで出力したテキストも消えません。スクリプトや `torchrun` の下では PNG ファイルを書き出し、更新ごとに 1行を表示します。
 #
 # 簡単な例として、ソフトマックス回帰（線形層 1つ）を訓練データの一部で数エポック訓練し、エポックごとに訓練損失とテスト精度を描きます。
+#
+# コースの図は日本語を表示できるフォントで描きます。このノートブックの最初のセルで呼んだ `mparlib.plot.use_course_style()` がその設定で、mparlib をインポートしただけでは matplotlib の設定は何も変わりません。`with mparlib.plot.course_style():` と書けば、その中で作る図だけに同じ設定を使えます。`mparlib.plot.figure_png(fig)` は図を日時の入らない PNG のバイト列にします。訓練ループの進捗バーは `mparlib.progress.progress_bar` が出します。ターミナルでも、Jupyter の中（`mparlib.progress.in_kernel()` が真のとき）でも表示されますが、`mparlib.progress.quiet()` が真のとき（pytest の下と、保存するノートブックを作るときに設定する `MPARLIB_QUIET=1` のとき）は表示しません。
 
 # %%
 torch.manual_seed(0)
@@ -200,7 +256,7 @@ for epoch in range(1, num_epochs + 1):
     history.append((total / count, correct / n_test))
     animator.add(epoch, history[-1])
 print(tr(f"{num_epochs} epochs done; the figure above was updated in place after each one.",
-         f"{num_epochs} エポックが終わりました。上の図はエポックごとにその場で更新されました。"))
+         f"{num_epochs}エポックが終わりました。上の図はエポックごとにその場で更新されました。"))
 
 # %%
 losses, accuracies = zip(*history)
@@ -229,10 +285,55 @@ for _ in range(3):
     with timer:
         B = A @ A
 print(tr(f"1024x1024 matmul on {device}: {timer.avg() * 1e3:.2f} ms on average over {len(timer.times)} runs",
-         f"{device} での 1024x1024 の行列積: {len(timer.times)} 回の平均 {timer.avg() * 1e3:.2f} ms"))
+         f"{device} での 1024x1024 の行列積: {len(timer.times)}回の平均 {timer.avg() * 1e3:.2f} ms"))
 
 # %%
 assert len(timer.times) == 3 and all(t > 0 for t in timer.times)
+
+# %% [markdown]
+# <!-- en -->
+# ## When something goes wrong
+#
+# Every error the course raises on purpose says what was wrong and how to fix it, in the notebook's language,
+# and derives from `mparlib.errors.MparlibError`. Each area has its own class, which also derives from the
+# built-in exception a Python programmer would expect, so `except ValueError` keeps working:
+#
+# | class | raised when | also a |
+# |---|---|---|
+# | `ConfigError` | a setting cannot work (`lr=nan`, `nproc=0`, a batch size of 0) | `ValueError` |
+# | `DeviceError` | a device does not exist here, or cannot be used that way | `ValueError` |
+# | `DataError`, `DataNotFoundError`, `CorruptDataError` | the data set is missing, incomplete or damaged | `FileNotFoundError`, `ValueError` |
+# | `CheckpointError`, `CheckpointMismatchError` | a checkpoint cannot be written or read back, or does not fit the model | `ValueError` |
+# | `LaunchError`, `WorkerFailed` | processes cannot start or meet, or one of them failed | `RuntimeError` |
+# | `TrainingDiverged` | the loss became NaN or infinite (the message names the epoch and step) | `ArithmeticError` |
+# | `OutputLocked` | another run is writing into the same output folder | `RuntimeError` |
+#
+# The command-line programs of the course (`python -m mparlib.train`, `python -m mparlib.ddp`) print these as one
+# line starting with `error:`; any other exception is a bug and shows its full traceback.
+# <!-- ja -->
+# ## うまくいかないとき
+#
+# コースが意図して出すエラーは、何が悪かったのかと直し方を、ノートブックの言語で伝えます。どれも `mparlib.errors.MparlibError` を継承しています。分野ごとに専用のクラスがあり、Python のプログラマーが期待する組み込みの例外も継承しているので、`except ValueError` のようなコードもそのまま動きます。
+#
+# | クラス | 発生する場面 | 継承する組み込みの例外 |
+# |---|---|---|
+# | `ConfigError` | 動くはずのない設定（`lr=nan`、`nproc=0`、バッチサイズ 0 など） | `ValueError` |
+# | `DeviceError` | このマシンにないデバイス、またはその使い方ができないデバイス | `ValueError` |
+# | `DataError`、`DataNotFoundError`、`CorruptDataError` | データセットがない、そろっていない、壊れている | `FileNotFoundError`、`ValueError` |
+# | `CheckpointError`、`CheckpointMismatchError` | チェックポイントを書けない、読み戻せない、モデルに合わない | `ValueError` |
+# | `LaunchError`、`WorkerFailed` | プロセスを起動できない、落ち合えない、どれかが失敗した | `RuntimeError` |
+# | `TrainingDiverged` | 損失が NaN か無限大になった（メッセージにエポックとステップが入ります） | `ArithmeticError` |
+# | `OutputLocked` | 別の訓練が同じ出力フォルダに書き込んでいる | `RuntimeError` |
+#
+# コースのコマンドラインプログラム（`python -m mparlib.train`、`python -m mparlib.ddp`）は、これらを `error:` で始まる 1行で表示します。それ以外の例外はバグなので、トレースバックをすべて表示します。
+
+# %%
+from mparlib import errors
+
+try:
+    mparlib.check_device("cuda:99")
+except errors.MparlibError as e:
+    print(type(e).__name__, isinstance(e, errors.DeviceError), isinstance(e, ValueError))
 
 # %% [markdown]
 # <!-- en -->
@@ -243,6 +344,8 @@ assert len(timer.times) == 3 and all(t > 0 for t in timer.times)
 # - `load_fashion_mnist` finds the data offline, checks it, and returns training and test iterators.
 # - `Animator` updates one figure in place in JupyterLab and writes a PNG elsewhere.
 # - Time GPU work only after synchronising.
+# - Without a GPU every chapter still runs; for the real experiments, open the notebooks on Colab (one GPU) or
+#   Kaggle (two GPUs).
 #
 # ## Exercises
 #
@@ -258,6 +361,7 @@ assert len(timer.times) == 3 and all(t > 0 for t in timer.times)
 # - `load_fashion_mnist` はデータをオフラインで探して検査し、訓練用とテスト用のイテレータを返します。
 # - `Animator` は JupyterLab では 1枚の図をその場で更新し、それ以外の環境では PNG を書き出します。
 # - GPU の処理時間は、同期してから測ります。
+# - GPU がなくてもどの章も動きます。本物の実験には、ノートブックを Colab（GPU 1枚）か Kaggle（GPU 2枚）で開きます。
 #
 # ## 練習問題
 #

@@ -32,7 +32,9 @@ import torch
 from torch import nn
 
 import mparlib
-import mparlib.plot  # noqa: F401  (selects a font that has Japanese glyphs)
+import mparlib.plot
+
+mparlib.plot.use_course_style()  # a font with Japanese glyphs for this notebook's figures
 from mparlib.lang import tr
 from mparlib.parallel import data_parallel
 
@@ -80,8 +82,8 @@ device = mparlib.try_gpu()
 model = ThreeBlocks().to(device)
 x = torch.randn(8, 10).to(device)
 y = model(x)
-print("input: ", tuple(x.shape))
-print("output:", tuple(y.shape))
+print(tr("input: ", "入力:"), tuple(x.shape))
+print(tr("output:", "出力:"), tuple(y.shape))
 
 # %% [markdown]
 # <!-- en -->
@@ -92,21 +94,21 @@ print("output:", tuple(y.shape))
 # コードのどこにも GPU の枚数は出てきません。GPU のないマシンでもこのまま動きます。PyTorch が GPU を見つけられないと、`nn.DataParallel` は `device_ids` を空のリストにし、`forward` はラップしたモジュールをそのまま呼び出すだけになるからです。つまり GPU のないマシンでは、ラッパーは入力を素通しするだけです。GPU がある場合、`device_ids` には既定ですべての GPU が並びます。
 
 # %% tags=["nbval-ignore-output"]
-print("GPUs:", mparlib.num_gpus())
+print(tr("GPUs:", "GPU の枚数:"), mparlib.num_gpus())
 print("model.middle.device_ids:", model.middle.device_ids)
 
 # %%
 assert model.middle.device_ids == list(range(mparlib.num_gpus()))
 h = model.first(x)
 torch.testing.assert_close(model.middle(h), model.middle.module(h))  # same result as the bare layer
-print("the wrapper computes what the wrapped layer computes")
+print(tr("the wrapper computes what the wrapped layer computes", "ラッパーはラップした層と同じ値を計算します"))
 
 # %% [markdown]
 # <!-- en -->
 # The wrapper holds the original layer as its submodule `module`. That extra level shows up in parameter
-# names, which matters when you save and load checkpoints (chapter 02):
+# names, which matters when you save and load checkpoints (chapter 2):
 # <!-- ja -->
-# ラッパーは元の層を `module` という名前のサブモジュールとして保持します。この 1段の入れ子はパラメータ名にも現れ、チェックポイントの保存と読み込みで問題になります（02章で扱います）。
+# ラッパーは元の層を `module` という名前のサブモジュールとして保持します。この 1段の入れ子はパラメータ名にも現れ、チェックポイントの保存と読み込みで問題になります（2章で扱います）。
 
 # %%
 for name, p in model.named_parameters():
@@ -170,17 +172,18 @@ print(numbered_batch(4)[:, :5])
 # A machine without GPUs cannot show a real split, but the four steps do not depend on the hardware.
 # `mparlib.data_parallel` performs exactly these steps on any list of devices, including the CPU listed several
 # times. `["cpu"] * 4` stands for four **simulated devices**: four replicas, four threads, one processor. It makes
-# the data flow visible everywhere; it does not make anything faster. Chapter 03 builds this function from its
+# the data flow visible everywhere; it does not make anything faster. Chapter 3 builds this function from its
 # parts. Here we only use it, on a batch of 10 rows:
 # <!-- ja -->
-# GPU のないマシンでは本物の分割は見せられません。しかし 4つの手順そのものはハードウェアに依存しません。`mparlib.data_parallel` は、CPU を何回か並べたリストも含め、どんなデバイスのリストに対してもこの手順をそのまま実行します。`["cpu"] * 4` は 4つの**模擬デバイス**を表します。レプリカが 4つ、スレッドが 4つ、プロセッサは 1つです。どこでもデータの流れを観察できますが、速くはなりません。この関数は 03章で部品から組み立てます。ここでは 10行のバッチで使ってみるだけにします。
+# GPU のないマシンでは本物の分割は見せられません。しかし 4つの手順そのものはハードウェアに依存しません。`mparlib.data_parallel` は、CPU を何回か並べたリストも含め、どんなデバイスのリストに対してもこの手順をそのまま実行します。`["cpu"] * 4` は 4つの**模擬デバイス**を表します。レプリカが 4つ、スレッドが 4つ、プロセッサは 1つです。どこでもデータの流れを観察できますが、速くはなりません。この関数は 3章で部品から組み立てます。ここでは 10行のバッチで使ってみるだけにします。
 
 # %%
 x = numbered_batch(10)
 out = data_parallel(probed, x, ["cpu"] * 4)
 for i, record in enumerate(in_batch_order(log)):
-    print(f"replica {i} on {record['device']}: shape {record['shape']}, rows {record['rows']}")
-print("gathered output:", tuple(out.shape))
+    print(tr(f"replica {i} on {record['device']}: shape {record['shape']}, rows {record['rows']}",
+             f"レプリカ {i}（{record['device']}）: 形状 {record['shape']}、行 {record['rows']}"))
+print(tr("gathered output:", "集約した出力:"), tuple(out.shape))
 
 # %%
 assert [r["rows"] for r in in_batch_order(log)] == [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9]]
@@ -223,7 +226,8 @@ plt.show()
 # %%
 for batch, k in cases:
     sizes = [len(c) for c in torch.arange(batch).chunk(k)]
-    print(f"{batch:>2} rows on {k} devices -> {len(sizes)} chunks {sizes}")
+    print(tr(f"{batch:>2} rows on {k} devices -> {len(sizes)} chunks {sizes}",
+             f"{batch:>2}行を {k}つのデバイスへ -> チャンク {len(sizes)}個 {sizes}"))
 
 # %% [markdown]
 # <!-- en -->
@@ -239,8 +243,9 @@ device = mparlib.try_gpu()
 on_gpus = nn.DataParallel(nn.Sequential(Probe(log), nn.Linear(10, 4)).to(device))
 out = on_gpus(numbered_batch(10).to(device))
 for i, record in enumerate(in_batch_order(log)):
-    print(f"call {i} on {record['device']}: shape {record['shape']}, rows {record['rows']}")
-print("output on", out.device)
+    print(tr(f"call {i} on {record['device']}: shape {record['shape']}, rows {record['rows']}",
+             f"呼び出し {i}（{record['device']}）: 形状 {record['shape']}、行 {record['rows']}"))
+print(tr("output on", "出力のデバイス:"), out.device)
 
 # %%
 expected_calls = len(torch.arange(10).chunk(max(mparlib.num_gpus(), 1)))  # torch.chunk's rule again
@@ -265,7 +270,7 @@ log.clear()
 #
 # ### 1. モジュールは先に `device_ids[0]` に置く
 #
-# `nn.DataParallel` は順伝播のたびに、`device_ids` の 1枚目の GPU *から* モジュールをコピーします。そこへモジュールを移す処理は（GPU が 1枚の場合を除いて）してくれません。パラメータが CPU に残ったままだと、最初の呼び出しが `RuntimeError: module must have its parameters and buffers on device cuda:0 ...` で失敗します。ラップする前に `model.to("cuda:0")` の 1行を書けば解決します。入力はどのデバイスにあってもかまいません。チャンクは `scatter` が移動してくれます。GPU が 2枚以上あれば次のセルでエラーと修正を実際に示し、それ以外のマシンではその旨を表示するだけです。
+# `nn.DataParallel` は順伝播のたびに、モジュールを `device_ids` の 1枚目の GPU からほかの GPU へコピーします。コピー元の 1枚目の GPU へモジュールを移す処理は（GPU が 1枚の場合を除いて）してくれません。パラメータが CPU に残ったままだと、最初の呼び出しが `RuntimeError: module must have its parameters and buffers on device cuda:0 ...` で失敗します。ラップする前に `model.to("cuda:0")` の 1行を書けば解決します。入力はどのデバイスにあってもかまいません。チャンクは `scatter` が移動してくれます。GPU が 2枚以上あれば次のセルでエラーと修正を実際に示し、それ以外のマシンではその旨を表示するだけです。
 
 # %% tags=["nbval-ignore-output"]
 if mparlib.num_gpus() >= 2:
@@ -276,7 +281,7 @@ if mparlib.num_gpus() >= 2:
     except RuntimeError as err:
         print("RuntimeError:", err)
     stray.to("cuda:0")
-    print("after .to('cuda:0'): output", tuple(stray(torch.randn(8, 10)).shape))
+    print(tr("after .to('cuda:0'): output", ".to('cuda:0') の後の出力:"), tuple(stray(torch.randn(8, 10)).shape))
 else:
     print(tr("Fewer than 2 GPUs here: nn.DataParallel never copies the module, so the rule cannot be broken.",
              "このマシンの GPU は 2枚未満です。nn.DataParallel はモジュールをコピーしないので、"
@@ -328,7 +333,7 @@ if mparlib.num_gpus() >= 2:
     big(batch).pow(2).mean().backward()
     peaks = [torch.cuda.max_memory_allocated(i) / 2**20 for i in range(mparlib.num_gpus())]
     for i, peak in enumerate(peaks):
-        print(f"cuda:{i}: peak {peak:8.1f} MiB")
+        print(f"cuda:{i}: {tr('peak', 'ピーク')} {peak:8.1f} MiB")
     assert peaks[0] >= max(peaks[1:])
     del big, batch
 else:
@@ -350,7 +355,8 @@ else:
 # %%
 for k in (1, 2, 3, 4, 8):
     per_device = [len(c) for c in torch.arange(256).chunk(k)]
-    print(f"global batch 256 on {k} device(s) -> per device {per_device}")
+    print(tr(f"global batch 256 on {k} device(s) -> per device {per_device}",
+             f"全体のバッチ 256 を {k}つのデバイスへ -> デバイスあたり {per_device}"))
 
 # %% [markdown]
 # <!-- en -->
@@ -375,7 +381,7 @@ for net, forward in runs:
     loss.backward()
     optimizer.step()
 gap = max((a - b).abs().max().item() for a, b in zip(single.parameters(), split.parameters()))
-print("same parameters after one step:", gap < 1e-12)
+print(tr("same parameters after one step:", "1ステップ後のパラメータが一致:"), gap < 1e-12)
 
 # %%
 assert gap < 1e-12, gap
@@ -388,11 +394,11 @@ assert gap < 1e-12, gap
 # (Goyal et al., 2017, "Accurate, Large Minibatch SGD"). It is a rule of thumb to check on your task, not a law.
 #
 # One layer breaks the equality above: **batch normalization** in training mode normalises with the mean and
-# variance of the rows it sees, and each replica sees only its chunk. Chapter 03 shows the difference.
+# variance of the rows it sees, and each replica sees only its chunk. Chapter 3 shows the difference.
 # <!-- ja -->
-# したがって、全体のバッチサイズを変えないなら学習率もそのままでかまいません。各デバイスを十分に働かせるために全体のバッチサイズを `k` 倍にすると、1エポックあたりのステップ数は `1/k` になり、1回の勾配はより多くのサンプルの平均になります。そのときの出発点としてよく使われるのが**線形スケーリング則**です。学習率を `k` 倍し、最初の数エポックはウォームアップで徐々に上げます（Goyal ら、2017 年、"Accurate, Large Minibatch SGD"）。これは経験則なので、自分のタスクで確かめてから使ってください。
+# したがって、全体のバッチサイズを変えないなら学習率もそのままでかまいません。各デバイスを十分に働かせるために全体のバッチサイズを `k` 倍にすると、1エポックあたりのステップ数は `1/k` になり、1回の勾配はより多くのサンプルの平均になります。そのときの出発点としてよく使われるのが**線形スケーリング則**です。学習率を `k` 倍し、最初の数エポックはウォームアップで徐々に上げます（Goyal ら、2017年、"Accurate, Large Minibatch SGD"）。これは経験則なので、自分のタスクで確かめてから使ってください。
 #
-# ただし、この等しさが成り立たない層が 1つあります。訓練モードの**バッチ正規化**は、自分が見た行の平均と分散で正規化します。各レプリカが見るのは自分のチャンクだけなので、結果が変わります。その違いは 03章で確かめます。
+# ただし、この等しさが成り立たない層が 1つあります。訓練モードの**バッチ正規化**は、自分が見た行の平均と分散で正規化します。各レプリカが見るのは自分のチャンクだけなので、結果が変わります。その違いは 3章で確かめます。
 
 # %% [markdown]
 # <!-- en -->
@@ -410,7 +416,7 @@ assert gap < 1e-12, gap
 # | machines | one | one or many |
 # | setup | wrap the module | launch processes (`torchrun`), set up a process group |
 #
-# Chapter 06_ddp trains the same model with DDP and compares the two.
+# Chapter 6 trains the same model with DDP and compares the two.
 # <!-- ja -->
 # ### 5. DataParallel か DistributedDataParallel か
 #
@@ -425,7 +431,7 @@ assert gap < 1e-12, gap
 # | マシン | 1台のみ | 1台でも複数台でも |
 # | 準備 | モジュールをラップするだけ | プロセスを起動し（`torchrun`）、プロセスグループを用意する |
 #
-# 06_ddp 章では同じモデルを DDP で訓練し、両者を比べます。
+# 6章では同じモデルを DDP で訓練し、両者を比べます。
 
 # %% [markdown]
 # <!-- en -->
@@ -439,7 +445,7 @@ assert gap < 1e-12, gap
 #   GPU 0 needs the most memory.
 # - For the same global batch, the gradient is the one a single device computes (batch normalization in
 #   training mode aside); when you grow the batch with the number of devices, revisit the learning rate.
-# - For serious training prefer `DistributedDataParallel` (chapter 06_ddp).
+# - For serious training prefer `DistributedDataParallel` (chapter 6).
 #
 # ## Exercises
 #
@@ -457,7 +463,7 @@ assert gap < 1e-12, gap
 # - 1回の順伝播は、分配、複製、並列実行、集約の 4段階です。チャンクは `torch.chunk` の規則で作られるので、仕事のないデバイスが出ることもあります。
 # - モジュールは最初の呼び出しの前に `device_ids[0]` へ置きます。結果（と損失）は `output_device` に置かれ、GPU 0 がいちばん多くのメモリを使います。
 # - 全体のバッチサイズが同じなら、勾配は 1つのデバイスで計算したものと同じです（訓練モードのバッチ正規化は例外）。デバイスの数に合わせてバッチを大きくするときは、学習率を見直します。
-# - 本格的な訓練には `DistributedDataParallel` を使いましょう（06_ddp 章）。
+# - 本格的な訓練には `DistributedDataParallel` を使いましょう（6章）。
 #
 # ## 練習問題
 #

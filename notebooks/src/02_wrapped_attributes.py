@@ -22,7 +22,10 @@ from torch import nn
 from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
 
 import mparlib
-from mparlib.parallel import AttrDataParallel, CheckpointMismatchError, load_checkpoint, save_checkpoint, unwrap
+from mparlib.checkpoint import load_checkpoint, save_checkpoint, unwrap
+from mparlib.errors import CheckpointMismatchError
+from mparlib.lang import tr
+from mparlib.wrapper import AttrDataParallel
 
 print(mparlib.report())
 print(mparlib.profile_line())
@@ -100,7 +103,8 @@ except AttributeError as err:
 
 # %%
 for name in ["predict", "class_names", "head", "body"]:
-    print(f"{name:<12} on the model: {hasattr(model, name)!s:<5}  on the wrapper: {hasattr(wrapped, name)}")
+    print(tr(f"{name:<12} on the model: {hasattr(model, name)!s:<5}  on the wrapper: {hasattr(wrapped, name)}",
+             f"{name:<12} モデル: {hasattr(model, name)!s:<5}  ラッパー: {hasattr(wrapped, name)}"))
 
 # %% [markdown]
 # <!-- en -->
@@ -115,14 +119,14 @@ for name in ["predict", "class_names", "head", "body"]:
 # <!-- ja -->
 # ### 属性はどこにあるのか
 #
-# Python は `wrapped.predict` を 2段階で探します。まず通常の探索で、インスタンスの `__dict__`、次にクラスとその親クラスを調べます。そこで見つからなかったときにだけ、クラスの `__getattr__` を呼びます。`nn.Module` はパラメータ、バッファ、サブモジュールを `__dict__` ではなく 3つの表（`_parameters`、`_buffers`、`_modules`）にしまっていて、`__getattr__` はその表を探します。ただし探すのは*ラッパー自身の*表だけです。モデルはラッパーの `_modules` に `module` という名前で入っていて、そのメソッドや属性はさらに 1段下にあるため、誰にも探されません。
+# Python は `wrapped.predict` を 2段階で探します。まず通常の探索で、インスタンスの `__dict__`、次にクラスとその親クラスを調べます。そこで見つからなかったときにだけ、クラスの `__getattr__` を呼びます。`nn.Module` はパラメータ、バッファ、サブモジュールを `__dict__` ではなく 3つの表（`_parameters`、`_buffers`、`_modules`）にしまっていて、`__getattr__` はその表を探します。ただし、探すのはラッパー自身の表だけです。モデルはラッパーの `_modules` に `module` という名前で入っていて、そのメソッドや属性はさらに 1段下にあるため、誰にも探されません。
 
 # %%
-print("'module' in the wrapper's __dict__:    ", "module" in vars(wrapped))
-print("the wrapper's _modules:                ", list(wrapped._modules))
-print("wrapped.module is model:               ", wrapped.module is model)
-print("'class_names' in the model's __dict__: ", "class_names" in vars(model))
-print("'predict' in the model's class:        ", "predict" in vars(Classifier))
+print(tr("'module' in the wrapper's __dict__:    ", "ラッパーの __dict__ に 'module' がある:   "), "module" in vars(wrapped))
+print(tr("the wrapper's _modules:                ", "ラッパーの _modules:                      "), list(wrapped._modules))
+print(tr("wrapped.module is model:               ", "wrapped.module は model そのもの:         "), wrapped.module is model)
+print(tr("'class_names' in the model's __dict__: ", "モデルの __dict__ に 'class_names' がある:"), "class_names" in vars(model))
+print(tr("'predict' in the model's class:        ", "モデルのクラスに 'predict' がある:        "), "predict" in vars(Classifier))
 
 # %% [markdown]
 # <!-- en -->
@@ -151,6 +155,8 @@ print(unwrap(wrapped).class_names)  # mparlib.unwrap also removes DDP and torch.
 # below runs it with the recursion limit lowered (and restored afterwards) so that it fails in a fraction of a
 # second instead of after thousands of calls.
 # <!-- ja -->
+# ## 1行で書くサブクラスと、それが再帰する理由
+#
 # よく紹介されているのが、見つからない名前をすべてラップしたモジュールへ転送するサブクラスです。`def __getattr__(self, name): return getattr(self.module, name)` の 1行だけです。しかし現在の PyTorch では、これは決して値を返しません。次のセルでは再帰の上限を一時的に下げて（終わったら元に戻します）実行し、何千回も呼び出す前にすぐ失敗させます。
 
 # %% tags=["raises-exception"]
@@ -202,7 +208,7 @@ class TracedForwarding(nn.DataParallel):
             return super().__getattr__(name)
         asked.append(name)
         if len(asked) == 5:
-            raise RuntimeError("stopped after 5 calls")
+            raise RuntimeError(tr("stopped after 5 calls", "5回で打ち切りました"))
         return getattr(self.module, name)
 
 
@@ -262,9 +268,10 @@ print(fixed.class_names, type(fixed.head).__name__)
 awrapped = AttrDataParallel(model)
 print(awrapped.predict(x))
 print(awrapped.class_names)
-print("awrapped.module is model:", awrapped.module is model)
-print("forward is DataParallel's:", type(awrapped).forward is nn.DataParallel.forward)
-print("device_ids is DataParallel's:", awrapped.device_ids is vars(awrapped)["device_ids"])
+print(tr("awrapped.module is model:", "awrapped.module は model そのもの:"), awrapped.module is model)
+print(tr("forward is DataParallel's:", "forward は DataParallel のもの:"), type(awrapped).forward is nn.DataParallel.forward)
+print(tr("device_ids is DataParallel's:", "device_ids はラッパー自身のもの:"),
+      awrapped.device_ids is vars(awrapped)["device_ids"])
 
 # %%
 for name in ["predict", "class_names", "head", "body", "module", "device_ids"]:
@@ -277,19 +284,20 @@ assert awrapped.predict(x) == model.predict(x)
 #
 # `Classifier` has an attribute `dim`, its hidden width. `nn.DataParallel` also has a `dim`: the dimension it
 # splits along (0). But it creates that attribute only on a machine with GPUs; without one, its constructor
-# stops early. So `awrapped.dim` is the wrapper's `0` on a GPU machine and the model's `16` on a laptop. The next
-# cell's output depends on the machine; the `assert` after it states the rule.
+# stops early, and a forwarding wrapper would then answer `dim` with the model's `16` on a laptop and with its own
+# `0` on a GPU machine. `AttrDataParallel` therefore sets `dim`, `output_device` and `src_device_obj` itself on
+# every machine: `awrapped.dim` is the wrapper's `0` everywhere, and the model's value is one `.module` away.
 # <!-- ja -->
 # ### 名前が衝突するとき
 #
-# `Classifier` には隠れ層の幅を表す属性 `dim` があります。`nn.DataParallel` にも `dim`（分割する次元、値は 0）があります。ただしラッパーがこの属性を作るのは GPU のあるマシンだけで、GPU がなければコンストラクタは途中で終わります。そのため `awrapped.dim` は、GPU のあるマシンではラッパーの `0`、ノート PC ではモデルの `16` になります。次のセルの出力はマシンによって変わり、その次の `assert` が規則を確かめます。
-
-# %% tags=["nbval-ignore-output"]
-print("model.dim:", model.dim, "  awrapped.dim:", awrapped.dim)
+# `Classifier` には隠れ層の幅を表す属性 `dim` があります。`nn.DataParallel` にも `dim`（分割する次元、値は 0）があります。ただし `nn.DataParallel` がこの属性を作るのは GPU のあるマシンだけで、GPU がなければコンストラクタは途中で終わります。そのままでは、転送するラッパーは `dim` に対して、ノート PC ではモデルの `16` を、GPU のあるマシンでは自分の `0` を返してしまいます。そこで `AttrDataParallel` は、どのマシンでも `dim`、`output_device`、`src_device_obj` を自分で設定します。`awrapped.dim` はどこでもラッパーの `0` で、モデルの値は `.module` を付ければ得られます。
 
 # %%
-assert awrapped.dim == (0 if mparlib.num_gpus() else model.dim)
-assert awrapped.module.dim == model.dim == 16  # unambiguous on every machine
+print("model.dim:", model.dim, "  awrapped.dim:", awrapped.dim, "  awrapped.module.dim:", awrapped.module.dim)
+
+# %%
+assert awrapped.dim == 0 and awrapped.output_device == vars(awrapped)["output_device"]  # the same on every machine
+assert awrapped.module.dim == model.dim == 16
 
 # %% [markdown]
 # <!-- en -->
@@ -308,7 +316,7 @@ awrapped.class_names = ["CAT", "DOG", "BIRD"]
 print("awrapped.class_names:", awrapped.class_names)
 print("model.class_names:   ", model.class_names)
 del awrapped.class_names  # back to forwarding
-print("after del:           ", awrapped.class_names)
+print(tr("after del:           ", "del の後:            "), awrapped.class_names)
 
 # %% [markdown]
 # <!-- en -->
@@ -324,7 +332,7 @@ print("after del:           ", awrapped.class_names)
 plain_keys, wrapped_keys = list(model.state_dict()), list(wrapped.state_dict())
 for plain_key, wrapped_key in list(zip(plain_keys, wrapped_keys))[:4]:
     print(f"{plain_key:<28} {wrapped_key}")
-print("...", len(plain_keys), "keys in both")
+print(tr(f"... {len(plain_keys)} keys in both", f"... キーはどちらも {len(plain_keys)}個"))
 
 # %% [markdown]
 # <!-- en -->
@@ -332,7 +340,7 @@ print("...", len(plain_keys), "keys in both")
 # on several GPUs, evaluate on a laptop), and vice versa. `load_state_dict` is strict by default and lists every
 # key it misses:
 # <!-- ja -->
-# そのため、ラッパーから保存したチェックポイントはラップしていないモデルに読み込めません（複数の GPU で訓練し、ノート PC で評価するというよくある状況です）。逆も同じです。`load_state_dict` は既定で厳密にキーを照合し、足りないキーをすべて列挙します。
+# そのため、ラッパーから保存したチェックポイントはラップしていないモデルに読み込めません（複数の GPU で訓練し、ノート PC で評価するというよくある状況です）。逆も同じです。`load_state_dict` は既定で厳密にキーを照合し、足りないキーをすべて列挙します（メッセージは PyTorch のもので、英語のまま表示されます）。
 
 # %%
 fresh = Classifier(names)
@@ -340,7 +348,7 @@ try:
     fresh.load_state_dict(wrapped.state_dict())
 except RuntimeError as err:
     lines = str(err).splitlines()
-    print(lines[0])
+    print(f"{type(err).__name__}: {lines[0]}")
     for line in lines[1:]:
         print("   ", line.strip()[:90], "...")
 
@@ -366,14 +374,16 @@ print(fresh.load_state_dict(state))
 # %% [markdown]
 # <!-- en -->
 # `mparlib.save_checkpoint(model, path, **extra)` follows the first rule for plain and wrapped models alike,
-# stores extra values such as the epoch, and writes the file atomically (a temporary file, then a rename), so a
-# crash never leaves half a checkpoint. `mparlib.load_checkpoint(model, path)` loads into a plain or a wrapped
-# model, strips `module.` when needed, refuses any mismatch, and returns the extra values.
+# stores extra values such as the epoch, and writes the file atomically (a temporary file, then a rename, done by
+# `mparlib.files.atomic_write_bytes`), so a crash never leaves half a checkpoint. It replaces only a checkpoint it
+# wrote itself, never another file, unless told `overwrite=True`. `mparlib.state_dict_of(model)` is the state
+# dict it saves: the plain module's, under any wrapper. `mparlib.load_checkpoint(model, path)` loads into a plain
+# or a wrapped model, strips `module.` when needed, refuses any mismatch, and returns the extra values.
 #
 # Let us check that nothing is lost on the way plain → file → wrapped → file → plain. "Nothing" means every
 # parameter and every buffer (the batch-norm running statistics and its batch counter), bit for bit.
 # <!-- ja -->
-# `mparlib.save_checkpoint(model, path, **extra)` は、ラップしたモデルでもしていないモデルでも 1つ目の規則どおりに保存し、エポック数などの追加の値も一緒に保存します。ファイルは一時ファイルに書いてから名前を変える方法でアトミックに書き込むので、途中で落ちても壊れたチェックポイントが残ることはありません。`mparlib.load_checkpoint(model, path)` は、ラップしたモデルにもしていないモデルにも読み込め、必要なら `module.` を取り除き、食い違いがあれば読み込みを拒否し、追加の値を返します。
+# `mparlib.save_checkpoint(model, path, **extra)` は、ラップしたモデルでもしていないモデルでも 1つ目の規則どおりに保存し、エポック数などの追加の値も一緒に保存します。ファイルは一時ファイルに書いてから名前を変える方法（`mparlib.files.atomic_write_bytes`）でアトミックに書き込むので、途中で落ちても壊れたチェックポイントが残ることはありません。上書きするのは自分で書いたチェックポイントだけで、それ以外のファイルは `overwrite=True` を指定しない限り上書きしません。保存する状態辞書は `mparlib.state_dict_of(model)` が返すもので、どのラッパーの下でもラップしていないモジュールの状態辞書です。`mparlib.load_checkpoint(model, path)` は、ラップしたモデルにもしていないモデルにも読み込め、必要なら `module.` を取り除き、食い違いがあれば読み込みを拒否し、追加の値を返します。
 #
 # 「ラップしていないモデル → ファイル → ラップしたモデル → ファイル → ラップしていないモデル」と渡しても何も失われないことを確かめます。ここで「何も」とは、すべてのパラメータとすべてのバッファ（バッチ正規化の移動統計量とバッチ数のカウンタ）を、1ビットの違いもなく、という意味です。
 
@@ -390,15 +400,15 @@ with tempfile.TemporaryDirectory() as folder:
 
     torch.manual_seed(1)
     middle = nn.DataParallel(Classifier(names).to(device))  # different random weights
-    print("before loading, same as the original:", same_state(middle, model))
+    print(tr("before loading, same as the original:", "読み込む前、元のモデルと同じ:"), same_state(middle, model))
     extra = load_checkpoint(middle, first)
-    print("extra values:", extra)
+    print(tr("extra values:", "追加の値:"), extra)
     save_checkpoint(middle, second, epoch=extra["epoch"] + 1)
 
     last = Classifier(names)
     load_checkpoint(last, second)
-    print("after the round trip, same as the original:", same_state(last, model))
-    print("keys in the file:", list(torch.load(second, weights_only=True)["model"])[:3], "...")
+    print(tr("after the round trip, same as the original:", "往復した後、元のモデルと同じ:"), same_state(last, model))
+    print(tr("keys in the file:", "ファイルのキー:"), list(torch.load(second, weights_only=True)["model"])[:3], "...")
 
 # %%
 assert same_state(last, model)
@@ -422,7 +432,8 @@ with tempfile.TemporaryDirectory() as folder:
     except CheckpointMismatchError as err:
         print(type(err).__name__)
         for key, saved, wanted in err.shapes:
-            print(f"  {key}: file {tuple(saved)}, model {tuple(wanted)}")
+            print(tr(f"  {key}: file {tuple(saved)}, model {tuple(wanted)}",
+                     f"  {key}: ファイル {tuple(saved)}、モデル {tuple(wanted)}"))
 
 # %% [markdown]
 # <!-- en -->

@@ -34,7 +34,9 @@ from torch import nn
 
 import mparlib
 import mparlib.parallel
-import mparlib.plot  # noqa: F401  (selects a font that has Japanese glyphs)
+import mparlib.plot
+
+mparlib.plot.use_course_style()  # a font with Japanese glyphs for this notebook's figures
 from mparlib.lang import tr
 
 print(mparlib.report())
@@ -64,7 +66,7 @@ def attempt(step, run):
     except Exception as err:
         print(f"{step:<15} {type(err).__name__}: {err}")
         return err
-    print(f"{step:<15} ran")
+    print(f"{step:<15} {tr('ran', '実行できました')}")
     return None
 
 
@@ -132,26 +134,29 @@ devices = ["cpu"] * 3
 replicas = replicate(net, devices)
 for i, replica in enumerate(replicas):
     w = replica.weight
-    print(f"replica {i} on {w.device}: same values {torch.equal(w, net.weight)}, same tensor {w is net.weight}, "
-          f"grad_fn {type(w.grad_fn).__name__}")
+    print(tr(f"replica {i} on {w.device}: same values {torch.equal(w, net.weight)}, same tensor {w is net.weight}, "
+             f"grad_fn {type(w.grad_fn).__name__}",
+             f"レプリカ {i}（{w.device}）: 値が同じ {torch.equal(w, net.weight)}、同じテンソル {w is net.weight}、"
+             f"grad_fn {type(w.grad_fn).__name__}"))
 
 # %% [markdown]
 # <!-- en -->
 # ### `scatter`
 #
 # `scatter` splits along dimension 0 with `torch.chunk`: chunks of `ceil(7 / 3) = 3` rows, the last one smaller.
-# As in chapter 01, row `i` of the test batch is filled with the number `i`, so each chunk shows which rows it
+# As in chapter 1, row `i` of the test batch is filled with the number `i`, so each chunk shows which rows it
 # holds.
 # <!-- ja -->
 # ### `scatter`
 #
-# `scatter` は `torch.chunk` で 0次元目に沿って分割します。各チャンクは `ceil(7 / 3) = 3` 行で、最後だけが小さくなります。01章と同じく、テスト用バッチの `i` 行目は数値 `i` で埋めてあるので、各チャンクがどの行を持っているかがわかります。
+# `scatter` は `torch.chunk` で 0次元目に沿って分割します。各チャンクは `ceil(7 / 3) = 3` 行で、最後だけが小さくなります。1章と同じく、テスト用バッチの `i` 行目は数値 `i` で埋めてあるので、各チャンクがどの行を持っているかがわかります。
 
 # %%
 x = torch.arange(7, dtype=torch.float32).unsqueeze(1).repeat(1, 4)  # row i is filled with i
 chunks = scatter(x, devices)
 for i, chunk in enumerate(chunks):
-    print(f"chunk {i} on {chunk.device}: shape {tuple(chunk.shape)}, rows {chunk[:, 0].int().tolist()}")
+    print(tr(f"chunk {i} on {chunk.device}: shape {tuple(chunk.shape)}, rows {chunk[:, 0].int().tolist()}",
+             f"チャンク {i}（{chunk.device}）: 形状 {tuple(chunk.shape)}、行 {chunk[:, 0].int().tolist()}"))
 
 # %% [markdown]
 # <!-- en -->
@@ -163,7 +168,8 @@ for i, chunk in enumerate(chunks):
 # %%
 labels = torch.arange(7)
 for i, part in enumerate(scatter({"x": x, "labels": labels, "scale": 0.5}, devices)):
-    print(f"chunk {i}: x {tuple(part['x'].shape)}, labels {part['labels'].tolist()}, scale {part['scale']}")
+    print(tr(f"chunk {i}: x {tuple(part['x'].shape)}, labels {part['labels'].tolist()}, scale {part['scale']}",
+             f"チャンク {i}: x {tuple(part['x'].shape)}、labels {part['labels'].tolist()}、scale {part['scale']}"))
 
 # %% [markdown]
 # <!-- en -->
@@ -179,7 +185,7 @@ for i, part in enumerate(scatter({"x": x, "labels": labels, "scale": 0.5}, devic
 # %%
 outputs = parallel_apply(replicas, chunks)
 for i, out in enumerate(outputs):
-    print(f"output {i} on {out.device}: shape {tuple(out.shape)}")
+    print(tr(f"output {i} on {out.device}: shape {tuple(out.shape)}", f"出力 {i}（{out.device}）: 形状 {tuple(out.shape)}"))
 
 # %% [markdown]
 # <!-- en -->
@@ -194,7 +200,7 @@ for i, out in enumerate(outputs):
 
 # %%
 y = gather(outputs, "cpu")
-print("gathered:", tuple(y.shape), "| same as net(x):", torch.allclose(y, net(x)))
+print(tr("gathered:", "集約した結果:"), tuple(y.shape), tr("| same as net(x):", "| net(x) と同じ:"), torch.allclose(y, net(x)))
 
 # %% [markdown]
 # <!-- en -->
@@ -222,8 +228,8 @@ def data_parallel(module, input, device_ids, output_device=None):
     return gather(outputs, output_device)
 
 
-print("3 simulated devices:", tuple(data_parallel(net, x, devices).shape))
-print("no devices:         ", tuple(data_parallel(net, x, []).shape))
+print(tr("3 simulated devices:", "模擬デバイス 3つ:"), tuple(data_parallel(net, x, devices).shape))
+print(tr("no devices:         ", "デバイスなし:    "), tuple(data_parallel(net, x, []).shape))
 
 # %%
 torch.testing.assert_close(data_parallel(net, x, devices), net(x))
@@ -232,11 +238,14 @@ torch.testing.assert_close(data_parallel(net, x, devices), mparlib.parallel.data
 # %% [markdown]
 # <!-- en -->
 # `mparlib.parallel.data_parallel` is the same function with two additions that PyTorch's version also has:
-# keyword arguments for the module (`module_kwargs`) and a choice of the dimension to split (`dim`).
+# keyword arguments for the module (`module_kwargs`, split together with the inputs by `mparlib.scatter_kwargs`,
+# so that the i-th chunk of each always meets on the same device) and a choice of the dimension to split (`dim`).
+# Every device list goes through `mparlib.check_devices`, which checks each entry with `mparlib.check_device`: a
+# GPU that does not exist here, or the CPU mixed with GPUs, is refused with a message saying what to use instead.
 #
 # The picture of one call, for the 7-row batch on 3 devices above:
 # <!-- ja -->
-# `mparlib.parallel.data_parallel` も同じ関数で、PyTorch の関数版と同じく 2つの機能を足してあります。モジュールへのキーワード引数（`module_kwargs`）と、分割する次元の指定（`dim`）です。
+# `mparlib.parallel.data_parallel` も同じ関数で、PyTorch の関数版と同じく 2つの機能を足してあります。モジュールへのキーワード引数（`module_kwargs`。入力と一緒に `mparlib.scatter_kwargs` で分割するので、それぞれの i 番目のチャンクは必ず同じデバイスに届きます）と、分割する次元の指定（`dim`）です。デバイスのリストはすべて `mparlib.check_devices` を通り、各要素を `mparlib.check_device` で確かめます。このマシンにない GPU や、GPU と CPU の混在は、代わりに何を使えばよいかを添えたメッセージで拒否します。
 #
 # 上の 7行のバッチを 3つのデバイスで処理する 1回の呼び出しを図にすると、次のようになります。
 
@@ -325,8 +334,9 @@ for rows in (8, 7, 2):
         same_out, same_grads = max_gap([out], [ref_out]) < 1e-12, max_gap(grads, ref_grads) < 1e-12
         sizes = [len(chunk) for chunk in scatter(X, ["cpu"] * k)]
         proofs.append(same_out and same_grads)
-        print(f"{rows} rows on {k} device(s), chunks {str(sizes):<12} outputs equal: {same_out}, "
-              f"gradients equal: {same_grads}")
+        print(tr(f"{rows} rows on {k} device(s), chunks {str(sizes):<12} outputs equal: {same_out}, "
+                 f"gradients equal: {same_grads}",
+                 f"{rows}行を {k}つのデバイスへ: チャンク {str(sizes):<12} 出力が一致 {same_out}、勾配が一致 {same_grads}"))
 
 # %%
 assert len(proofs) == 12 and all(proofs)
@@ -339,7 +349,7 @@ assert len(proofs) == 12 and all(proofs)
 # original parameter's `.grad`. The sum over chunks is exactly the gradient over the whole batch. We can see the
 # sum directly: backpropagate through two replicas, then compute each chunk's contribution on its own and add.
 # <!-- ja -->
-# 勾配が一致する理由は次のとおりです。損失は集約された出力から計算されるので、同じ数値に対する同じ関数です。逆伝播では、`gather` が各レプリカに自分の行の分の勾配を渡します。レプリカの重みは元の重みのコピーなので、勾配はコピー演算を通って逆伝播し、元のパラメータの `.grad` で**足し合わされます**。チャンクごとの和は、バッチ全体に対する勾配そのものです。この和を直接確かめてみましょう。2つのレプリカを通して逆伝播した結果と、チャンクごとの寄与を別々に計算して足した結果を比べます。
+# 勾配が一致する理由は次のとおりです。損失は集約された出力から計算されるので、同じ数値に対する同じ関数です。逆伝播では、`gather` が各レプリカに自分の行の分の勾配を渡します。レプリカの重みは元の重みのコピーなので、勾配はコピー演算を通って逆伝播し、元のパラメータの `.grad` で**足し合わされます**。チャンクごとの勾配をすべて足すと、ちょうどバッチ全体に対する勾配になります。この和を直接確かめてみましょう。2つのレプリカを通して逆伝播した結果と、チャンクごとの寄与を別々に計算して足した結果を比べます。
 
 # %%
 two = ["cpu"] * 2
@@ -353,8 +363,10 @@ for chunk in x.chunk(2):
     net.zero_grad()
     net(chunk).sum().backward()
     per_chunk.append(net.weight.grad.clone())
-print("replica weights are leaves (could hold a .grad):", any(r.weight.is_leaf for r in replicas))
-print("sum of per-chunk gradients equals the gradient through the replicas:",
+print(tr("replica weights are leaves (could hold a .grad):", "レプリカの重みは葉テンソル（.grad を持てる）:"),
+      any(r.weight.is_leaf for r in replicas))
+print(tr("sum of per-chunk gradients equals the gradient through the replicas:",
+         "チャンクごとの勾配の和が、レプリカを通した勾配と一致:"),
       torch.allclose(per_chunk[0] + per_chunk[1], through_replicas))
 
 # %% [markdown]
@@ -373,7 +385,8 @@ print("sum of per-chunk gradients equals the gradient through the replicas:",
 four = ["cpu"] * 4
 for rows in (2, 6, 8):
     X = torch.randn(rows, 6, dtype=torch.float64)
-    print(f"{rows} rows on 4 devices: {len(replicate(mlp, four))} replicas, {len(scatter(X, four))} chunks")
+    print(tr(f"{rows} rows on 4 devices: {len(replicate(mlp, four))} replicas, {len(scatter(X, four))} chunks",
+             f"{rows}行を 4つのデバイスへ: レプリカ {len(replicate(mlp, four))}個、チャンク {len(scatter(X, four))}個"))
 
 # %% [markdown]
 # <!-- en -->
@@ -389,7 +402,7 @@ try:
     raise AssertionError("parallel_apply should refuse 4 replicas for 2 inputs")
 except ValueError as err:
     print("ValueError:", err)
-print("with the slice:", tuple(data_parallel(mlp, X, four).shape))
+print(tr("with the slice:", "スライスを入れると:"), tuple(data_parallel(mlp, X, four).shape))
 
 # %% [markdown]
 # <!-- en -->
@@ -414,22 +427,22 @@ X = torch.randn(8, 6, dtype=torch.float64)
 split_out = data_parallel(bn_net, X, two)  # training mode, 4 rows per replica
 whole_out = whole_batch(X)
 first_chunk(X[:4])  # what replica 0 saw
-print("training mode, outputs equal:", torch.allclose(split_out, whole_out))
-print("running mean equals that of replica 0's chunk:",
+print(tr("training mode, outputs equal:", "訓練モード、出力が一致:"), torch.allclose(split_out, whole_out))
+print(tr("running mean equals that of replica 0's chunk:", "移動平均がレプリカ 0 のチャンクの平均と一致:"),
       torch.equal(bn_net[1].running_mean, first_chunk[1].running_mean))
 
 whole_batch.load_state_dict(bn_net.state_dict())  # same statistics on both sides
 bn_net.eval()
 whole_batch.eval()
-print("evaluation mode, outputs equal:", torch.allclose(data_parallel(bn_net, X, two), whole_batch(X)))
+print(tr("evaluation mode, outputs equal:", "評価モード、出力が一致:"), torch.allclose(data_parallel(bn_net, X, two), whole_batch(X)))
 
 # %% [markdown]
 # <!-- en -->
 # With several GPUs in training mode each replica normalises with the statistics of its own, smaller chunk. If
 # that matters (small per-device batches), `nn.SyncBatchNorm` computes the statistics over all devices; it works
-# with `DistributedDataParallel` (chapter 06_ddp), not with `nn.DataParallel`.
+# with `DistributedDataParallel` (chapter 6), not with `nn.DataParallel`.
 # <!-- ja -->
-# 複数の GPU で訓練するとき、各レプリカは自分の小さなチャンクの統計量で正規化します。これが問題になる場合（デバイスあたりのバッチサイズが小さい場合）は、すべてのデバイスにまたがって統計量を計算する `nn.SyncBatchNorm` を使います。これは `nn.DataParallel` ではなく `DistributedDataParallel` と組み合わせて使います（06_ddp 章）。
+# 複数の GPU で訓練するとき、各レプリカは自分の小さなチャンクの統計量で正規化します。これが問題になる場合（デバイスあたりのバッチサイズが小さい場合）は、すべてのデバイスにまたがって統計量を計算する `nn.SyncBatchNorm` を使います。これは `nn.DataParallel` ではなく `DistributedDataParallel` と組み合わせて使います（6章）。
 
 # %% [markdown]
 # <!-- en -->
@@ -451,7 +464,7 @@ if len(gpus) >= 2:
     X = torch.randn(11, 6, device=gpus[0])
 
     chunks_theirs, chunks_ours = nn.parallel.scatter(X, gpus), scatter(X, gpus)
-    print("chunks:", [tuple(c.shape) for c in chunks_theirs], [str(c.device) for c in chunks_ours])
+    print(tr("chunks:", "チャンク:"), [tuple(c.shape) for c in chunks_theirs], [str(c.device) for c in chunks_ours])
     assert len(chunks_theirs) == len(chunks_ours)
     assert all(torch.equal(a, b) and a.device == b.device for a, b in zip(chunks_theirs, chunks_ours))
 
@@ -461,8 +474,10 @@ if len(gpus) >= 2:
     out_ours.pow(2).mean().backward()
     out_gap = (out_theirs - out_ours).abs().max().item()
     grad_gap = max((a.grad - b.grad).abs().max().item() for a, b in zip(theirs.parameters(), ours.parameters()))
-    print(f"on {len(gpus)} GPUs: output on {out_ours.device}, largest output difference {out_gap:.1e}, "
-          f"largest gradient difference {grad_gap:.1e}")
+    print(tr(f"on {len(gpus)} GPUs: output on {out_ours.device}, largest output difference {out_gap:.1e}, "
+             f"largest gradient difference {grad_gap:.1e}",
+             f"GPU {len(gpus)}枚: 出力のデバイス {out_ours.device}、出力の差の最大値 {out_gap:.1e}、"
+             f"勾配の差の最大値 {grad_gap:.1e}"))
     assert out_ours.device == out_theirs.device == gpus[0]
     assert out_gap < 1e-5 and grad_gap < 1e-5
 else:

@@ -32,9 +32,11 @@ import torch
 from torch import nn
 
 import mparlib
-import mparlib.plot  # noqa: F401  (a Japanese-capable font for the figures)
+import mparlib.plot
+
+mparlib.plot.use_course_style()  # a font with Japanese glyphs for this notebook's figures
 from mparlib.lang import tr
-from mparlib.models import HybridEmbeddingModel, PipelineModel, pipeline_schedule
+from mparlib.hybrid import HybridEmbeddingModel, PipelineModel, pipeline_schedule
 from mparlib.timing import synchronize
 
 print(mparlib.report())
@@ -69,7 +71,7 @@ else:
 # <!-- ja -->
 # ## 書かれたままの例
 #
-# 例として取り上げるのは小さなネットワークです。CPU に置いておきたい埋め込み層と、GPU で計算したい層が並び、`forward` の中で活性を一方から他方へ転送します。この例は 2つの層を基底クラスのコンストラクタにキーワード引数として渡して登録しています（`nn.Module.__init__(embedding=..., ...)`）。この書き方は初期の PyTorch の `nn.Container` に由来します。そのコンストラクタはキーワード引数をサブモジュールとして登録していました（現在は非推奨です）。一方、`nn.Module.__init__` はサブモジュールを受け取りません。次のセルはこの書き方でモデルを作ります（どのマシンでも動くように、2つめの層は `device` に移します）。テンソルに触れる前に `TypeError` で止まります。
+# 例として取り上げるのは小さなネットワークです。CPU に置いておきたい埋め込み層と、GPU で計算したい層が並び、`forward` の中で活性化を一方から他方へ転送します。この例は 2つの層を基底クラスのコンストラクタにキーワード引数として渡して登録しています（`nn.Module.__init__(embedding=..., ...)`）。この書き方は初期の PyTorch の `nn.Container` に由来します。そのコンストラクタはキーワード引数をサブモジュールとして登録していました（現在は非推奨です）。一方、`nn.Module.__init__` はサブモジュールを受け取りません。次のセルはこの書き方でモデルを作ります（どのマシンでも動くように、2つめの層は `device` に移します）。テンソルに触れる前に `TypeError` で止まります。
 
 # %% tags=["raises-exception"]
 class KeywordModel(nn.Module):
@@ -146,11 +148,11 @@ print(tr("table rows with a nonzero gradient:", "勾配がゼロでない行:"),
 
 # %% [markdown]
 # <!-- en -->
-# The course package holds the same model as `mparlib.models.HybridEmbeddingModel`, with clear errors for
+# The course package holds the same model as `mparlib.hybrid.HybridEmbeddingModel`, with clear errors for
 # wrong ids and an option for sparse gradients (used below). Loaded with the same weights, it computes the same
 # thing:
 # <!-- ja -->
-# コースのパッケージには同じモデルが `mparlib.models.HybridEmbeddingModel` として入っています。不正な ID に対して分かりやすいエラーを出すことと、疎な勾配を選べること（後で使います）が違いです。同じ重みを読み込めば、同じ計算をします。
+# コースのパッケージには同じモデルが `mparlib.hybrid.HybridEmbeddingModel` として入っています。不正な ID に対してわかりやすいエラーを出すことと、疎な勾配を選べること（後で使います）が違いです。同じ重みを読み込めば、同じ計算をします。
 
 # %%
 packaged = HybridEmbeddingModel(1000, 10, device=device)
@@ -183,13 +185,13 @@ assert packaged.embedding.weight.device.type == "cpu" and packaged.linear.weight
 # a machine without a GPU there is no host-to-device copy at all; the cell measures a CPU-to-CPU copy instead, as a
 # baseline for the cost of moving bytes.
 # <!-- ja -->
-# 落とし穴が 1つあります。`model.to(device)` は、テーブルも含めて*すべての*パラメータを移してしまい、分割が消えます。コンストラクタのように、移したい部分だけを移してください。
+# 落とし穴が 1つあります。`model.to(device)` は、テーブルも含めてすべてのパラメータを移してしまい、分割が消えます。コンストラクタのように、移したい部分だけを移してください。
 #
 # ## 分割のコスト: ホストからデバイスへの転送
 #
 # このモデルでは、順伝播のたびに参照した行をホストメモリから GPU へ転送し、逆伝播ではその勾配を送り返します。転送にはどれくらい時間がかかるのでしょうか。答えはサイズと、ホストメモリの種類によって変わります。
 #
-# - **ページング可能メモリ**は、`torch.empty` や `torch.randn` などが確保する普通のメモリです。OS がページを動かすことがあるので、GPU のコピーエンジンは直接読めません。ドライバはまずデータをピン留めされた中継用バッファにコピーし、そこから GPU へ送ります。
+# - **ページング可能メモリ**は、`torch.empty` や `torch.randn` などが確保するふつうのメモリです。OS がページを動かすことがあるので、GPU のコピーエンジンは直接読めません。ドライバはまずデータをピン留めされた中継用バッファにコピーし、そこから GPU へ送ります。
 # - **ピン留めメモリ**（pinned memory、ページロックされたメモリ）は `tensor.pin_memory()` や `DataLoader(pin_memory=True)` で得られ、物理的な位置が固定されています。そのためコピーエンジンが直接読めます（DMA）。
 # - ピン留めメモリからの `tensor.to(device, non_blocking=True)` は転送をキューに積むだけで、すぐに戻ります。転送している間に CPU は次のバッチを準備できます。ページング可能メモリからだと、データを中継用バッファに移し終えるまで呼び出しは戻りません。
 #
@@ -223,6 +225,12 @@ else:
     print(tr("No CUDA: measuring CPU-to-CPU copies instead; pinned memory is skipped.",
              "CUDA がないため、代わりに CPU から CPU へのコピーを測ります。ピン留めメモリは測りません。"))
 
+def mode_name(mode):
+    """How the table and the figure name a mode, in the notebook's language."""
+    return (mode.replace("pageable", tr("pageable", "ページング可能")).replace("pinned", tr("pinned", "ピン留め"))
+            .replace(", ", tr(", ", "、")))
+
+
 copies = []  # one row per (mode, size)
 for mode, pinned, non_blocking in modes:
     for nbytes in SIZES:
@@ -233,10 +241,11 @@ for mode, pinned, non_blocking in modes:
         copies.append(dict(mode=mode, bytes=nbytes, returned=returned, finished=finished,
                            equal=torch.equal(dst.cpu(), src), pinned=src.is_pinned()))
 
-print(f"{'mode':<24}{'size':>10}{'returned':>12}{'finished':>12}{'GB/s':>8}")
+print(tr(f"{'size':>11}{'returned':>12}{'finished':>12}{'GB/s':>8}  mode",
+         "     サイズ    戻るまで    完了まで    GB/s  方式"))
 for c in copies:
-    print(f"{c['mode']:<24}{c['bytes'] / 2**10:>7.0f} KiB{c['returned'] * 1e6:>9.1f} us"
-          f"{c['finished'] * 1e6:>9.1f} us{c['bytes'] / c['finished'] / 1e9:>8.2f}")
+    print(f"{c['bytes'] / 2**10:>7.0f} KiB{c['returned'] * 1e6:>9.1f} us{c['finished'] * 1e6:>9.1f} us"
+          f"{c['bytes'] / c['finished'] / 1e9:>8.2f}  {mode_name(c['mode'])}")
 
 # %%
 assert len(copies) == len(modes) * len(SIZES)
@@ -252,7 +261,7 @@ fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
 for (mode, _, _), fmt in zip(modes, ["o-", "s--", "^-", "v--"]):
     rows = [c for c in copies if c["mode"] == mode]
     kib = [c["bytes"] / 2**10 for c in rows]
-    label = mode.replace("pageable", tr("pageable", "ページング可能")).replace("pinned", tr("pinned", "ピン留め"))
+    label = mode_name(mode)
     axes[0].plot(kib, [c["bytes"] / c["finished"] / 1e9 for c in rows], fmt, label=label)
     axes[1].plot(kib, [c["returned"] * 1e6 for c in rows], fmt, label=label)
 axes[0].set_title(tr(f"Copy to {device}: bandwidth", f"{device} への転送: 帯域幅"))
@@ -290,8 +299,8 @@ plt.show()
 # 図の読み方は次のとおりです（数値は上の表にあり、マシンによって変わります）。
 #
 # - 小さな転送は 1回ごとの固定コストが大半を占めるので、帯域幅は低くなります。バスの能力に近づくのは大きな転送だけです。同じバイト数なら、小さな転送を何回も行うより 1回の大きな転送のほうが安く済みます。
-# - GPU のあるマシンでは、ピン留めメモリのほうがページング可能メモリより高い帯域幅が出ることが普通です。中継用バッファへの余分なコピーがないからです。
-# - `pinned, non_blocking` では、右の図で呼び出しが転送の完了よりずっと早く戻ります。この差が CPU に返ってくる時間です。`pageable, non_blocking` ではそうなりません。
+# - GPU のあるマシンでは、ピン留めメモリのほうがページング可能メモリより高い帯域幅が出るのがふつうです。中継用バッファへの余分なコピーがないからです。
+# - 「ピン留め、non_blocking」では、右の図で呼び出しが転送の完了よりずっと早く戻ります。この差が CPU に返ってくる時間です。「ページング可能、non_blocking」ではそうなりません。
 # - GPU のないマシンでは、同じ図の 2本の曲線は同じものを測っています（CPU から CPU へのコピーに `non_blocking` は効きません）。ピン留めメモリの行はありません。
 #
 # `non_blocking=True` には注意点があります。転送が終わるまでは、転送元を書き換えてはいけませんし、結果を CPU から読んでもいけません。PyTorch は同じストリーム上の後続の GPU の処理を転送の後に並べるので、`dst` を GPU で使うのは安全です。ホストから読むときは、先に同期が必要です。
@@ -337,7 +346,7 @@ for label, value in lines:
 best = max(copies, key=lambda c: c["bytes"] / c["finished"])
 bandwidth = best["bytes"] / best["finished"]
 print(tr(f"best measured bandwidth ({best['mode']}, {best['bytes'] // 2**10} KiB copies): {bandwidth / 1e9:.2f} GB/s",
-         f"測定した最高の帯域幅（{best['mode']}、{best['bytes'] // 2**10} KiB の転送）: {bandwidth / 1e9:.2f} GB/s"))
+         f"測定した最高の帯域幅（{mode_name(best['mode'])}、{best['bytes'] // 2**10} KiB の転送）: {bandwidth / 1e9:.2f} GB/s"))
 ms = 2 * moved / bandwidth * 1e3
 print(tr(f"moving {moved // MiB} MiB there and {moved // MiB} MiB back: about {ms:.2f} ms per step",
          f"{moved // MiB} MiB を送り {moved // MiB} MiB を戻す時間: 1ステップあたり約 {ms:.2f} ms"))
@@ -374,9 +383,11 @@ ids = torch.randint(emb_rows, (512,))
 for m in (dense, sparse):
     m(ids).square().mean().backward()
 g_dense, g_sparse = dense.embedding.weight.grad, sparse.embedding.weight.grad.coalesce()
-print(tr("dense gradient: ", "密な勾配: "), tuple(g_dense.shape), f"{g_dense.numel():,}", tr("numbers", "個の値"))
-print(tr("sparse gradient:", "疎な勾配:"), g_sparse.indices().shape[1], tr("rows x", "行 x"), g_sparse.shape[1],
-      "=", f"{g_sparse.values().numel():,}", tr("numbers", "個の値"))
+n_dense, n_rows, n_sparse = g_dense.numel(), g_sparse.indices().shape[1], g_sparse.values().numel()
+print(tr(f"dense gradient:  {tuple(g_dense.shape)} {n_dense:,} numbers",
+         f"密な勾配: {tuple(g_dense.shape)} {n_dense:,}個の値"))
+print(tr(f"sparse gradient: {n_rows} rows x {g_sparse.shape[1]} = {n_sparse:,} numbers",
+         f"疎な勾配: {n_rows}行 x {g_sparse.shape[1]} = {n_sparse:,}個の値"))
 
 # %%
 assert g_dense.shape == (emb_rows, 64)
@@ -404,9 +415,9 @@ assert torch.equal(changed.nonzero().flatten(), ids.unique()), "only the looked-
 # <!-- ja -->
 # ## 例の先へ: モデル並列
 #
-# CPU と GPU にまたがるモデルは、**モデル並列**（層ごとに違うデバイスに置くこと）の特別な場合です。一般には、ネットワークを段（*ステージ*）に切り、ステージ *s* をデバイス *s* に置いて、活性をデバイスからデバイスへ渡していきます。こうすると 1つのデバイスには載らないモデルも訓練できます。ただし素朴に実装するとハードウェアが遊びます。デバイス 1 がバッチを計算している間はデバイス 0 が待ち、その逆も同じです。
+# CPU と GPU にまたがるモデルは、**モデル並列**（層ごとに違うデバイスに置くこと）の特別な場合です。一般には、ネットワークを段（ステージ）に切り、ステージ *s* をデバイス *s* に置いて、活性化をデバイスからデバイスへ渡していきます。こうすると 1つのデバイスには載らないモデルも訓練できます。ただし素朴に実装するとハードウェアが遊びます。デバイス 1 がバッチを計算している間はデバイス 0 が待ち、その逆も同じです。
 #
-# **パイプライン並列**は、バッチを*マイクロバッチ*に切ることでこれを解決します（番号はデバイスと同じく 0 から数えます）。ステージ 0 はマイクロバッチ 0 を計算して次に渡したら、すぐにマイクロバッチ 1 に取りかかり、その間にステージ 1 がマイクロバッチ 0 を計算します。関数 `pipeline_schedule(num_stages, micro_batches)` はこの順序を `(tick, stage, micro-batch)` の組で返します。時刻 *t* にステージ *s* が計算するのはマイクロバッチ *t - s* です。どのステージも同じ時間がかかるとして図にすると、次のようになります。
+# **パイプライン並列**は、バッチを**マイクロバッチ**に切ることでこれを解決します（番号はデバイスと同じく 0 から数えます）。ステージ 0 はマイクロバッチ 0 を計算して次に渡したら、すぐにマイクロバッチ 1 に取りかかり、その間にステージ 1 がマイクロバッチ 0 を計算します。関数 `pipeline_schedule(num_stages, micro_batches)` はこの順序を `(tick, stage, micro-batch)` の組で返します。時刻 *t* にステージ *s* が計算するのはマイクロバッチ *t - s* です。どのステージも同じ時間がかかるとして図にすると、次のようになります。
 
 # %%
 def draw_schedule(ax, num_stages, micro_batches, title):
@@ -445,14 +456,15 @@ print(tr(f"forward pass: {t_naive:.2f} without pipelining, {t_pipe:.2f} with 4 m
 # training runs the backward pass the same way in reverse order, and the optimizer steps once per batch, after
 # the gradients of all micro-batches have been summed.
 # <!-- ja -->
-# 計算量の等しい *S* 個のステージと *m* 個のマイクロバッチでは、順伝播にかかる時間は *S* ではなく *(m + S - 1) / m* になります。最初と最後にどれかのデバイスが遊んでいる部分を**パイプラインバブル**と呼び、その割合は *(S - 1) / (m + S - 1)* です。マイクロバッチを増やすとバブルは縮みますが、1つのマイクロバッチが小さくなって GPU の効率が落ちるので、実際には *m* を *S* の数倍にするのが普通です。図は順伝播だけを示しています。GPipe 方式の訓練では逆伝播も同じように逆順で流し、すべてのマイクロバッチの勾配を足し合わせた後に、バッチごとに 1回だけオプティマイザのステップを実行します。
+# 計算量の等しい *S* 個のステージと *m* 個のマイクロバッチでは、順伝播にかかる時間は *S* ではなく *(m + S - 1) / m* になります。最初と最後にどれかのデバイスが遊んでいる部分を**パイプラインバブル**と呼び、その割合は *(S - 1) / (m + S - 1)* です。マイクロバッチを増やすとバブルは縮みますが、1つのマイクロバッチが小さくなって GPU の効率が落ちるので、実際には *m* を *S* の数倍にするのがふつうです。図は順伝播だけを示しています。GPipe 方式の訓練では逆伝播も同じように逆順で流し、すべてのマイクロバッチの勾配を足し合わせた後に、バッチごとに 1回だけオプティマイザのステップを実行します。
 
 # %%
 S = 2
 for m in (1, 2, 4, 8):
     ticks = 1 + max(t for t, _, _ in pipeline_schedule(S, m))
-    print(f"S={S} m={m}: {tr('time', '時間')} {ticks / m:.3f}, {tr('bubble', 'バブル')} {(S - 1) / (m + S - 1):.0%}, "
-          f"{tr('ideal speed-up', '理想的な速度向上')} {S * m / (m + S - 1):.2f}x")
+    units, bubble, speed_up = ticks / m, (S - 1) / (m + S - 1), S * m / (m + S - 1)
+    print(tr(f"S={S} m={m}: time {units:.3f}, bubble {bubble:.0%}, ideal speed-up {speed_up:.2f}x",
+             f"S={S} m={m}: 時間 {units:.3f}、バブル {bubble:.0%}、理想的な速度向上 {speed_up:.2f}x"))
     assert ticks == m + S - 1
 
 # %% [markdown]
@@ -470,7 +482,7 @@ for m in (1, 2, 4, 8):
 # <!-- ja -->
 # ### パイプライン化した順伝播のコード
 #
-# 必要なのは次のループだけです。時刻を 1つずつ進め、各時刻で仕事のあるステージがそれぞれのマイクロバッチを処理します。その前に、活性をそのステージのデバイスへ転送します。1つの時刻の中では後ろのステージから先に発行します。その入力は前の時刻にもう用意できているからです。
+# 必要なのは次のループだけです。時刻を 1つずつ進め、各時刻で仕事のあるステージがそれぞれのマイクロバッチを処理します。その前に、活性化をそのステージのデバイスへ転送します。1つの時刻の中では後ろのステージから先に発行します。その入力は前の時刻にもう用意できているからです。
 #
 # GPU ではこの単純なループで本当にステージが同時に動きます。CUDA の呼び出しは自分のデバイスに処理をキューとして積むだけで、すぐに戻るからです。Python のループはどんどん先に進み、GPU 1 が前のマイクロバッチを計算している間に、GPU 0 にステージ 0 の次のマイクロバッチを積みます。GPU 間の転送は、入力ができるまで自動的に待ちます。CPU では呼び出しが終わるまで次に進まないので、同じコードでもステージは 1つずつ順番に動きます。
 
@@ -490,7 +502,7 @@ def pipelined_forward(stages, devices, x, micro_batches):
 # without a GPU). The arithmetic is the same, so the correctness check below means the same everywhere; only the
 # timing changes.
 # <!-- ja -->
-# 実行するには 2つのデバイスが必要です。GPU が 2枚あれば、ステージを `cuda:0` と `cuda:1` に置きます。それより少なければ、同じコードを*模擬的な*デバイスで動かします。2つのステージが 1つのデバイスを共有します（GPU があれば `["cuda:0", "cuda:0"]`、なければ `["cpu", "cpu"]`）。計算の中身は同じなので、次の正しさの検査はどこでも同じ意味を持ちます。変わるのは時間だけです。
+# 実行するには 2つのデバイスが必要です。GPU が 2枚あれば、ステージを `cuda:0` と `cuda:1` に置きます。それより少なければ、同じコードを模擬デバイスで動かします。2つのステージが 1つのデバイスを共有します（GPU があれば `["cuda:0", "cuda:0"]`、なければ `["cpu", "cpu"]`）。計算の中身は同じなので、次の正しさの検査はどこでも同じ意味を持ちます。変わるのは時間だけです。
 
 # %% tags=["nbval-ignore-output"]
 if mparlib.num_gpus() >= 2:
@@ -500,7 +512,7 @@ else:
     pipe_devices = [device, device]
     print(tr(f"Fewer than two GPUs: both stages share {device} (simulated devices). The results are the same; "
              "there is no speed-up to expect.",
-             f"GPU が 2枚ないため、2つのステージが {device} を共有します（模擬的なデバイス）。"
+             f"GPU が 2枚ないため、2つのステージが {device} を共有します（模擬デバイス）。"
              "結果は同じですが、速くなることは期待できません。"))
 
 # %% [markdown]
@@ -509,13 +521,13 @@ else:
 #
 # A pipelined model must compute exactly what the unsplit model computes. We check that in float64 on a small
 # network: the outputs and the gradients of every parameter, for several numbers of micro-batches, including
-# sizes that do not divide the batch. `mparlib.models.PipelineModel` packages the loop above as an `nn.Module`
+# sizes that do not divide the batch. `mparlib.hybrid.PipelineModel` packages the loop above as an `nn.Module`
 # (`from_sequential` copies an `nn.Sequential` and cuts it into stages, keeping the parameter names behind a
 # `stages.<i>.` prefix), so we compare it too.
 # <!-- ja -->
 # ### 同じ出力、同じ勾配
 #
-# パイプライン化したモデルは、分割前のモデルとまったく同じ計算をしなければなりません。小さなネットワークで、float64 を使って確かめます。マイクロバッチの数をいくつか変え（バッチを割り切れない数も含めます）、出力とすべてのパラメータの勾配を比べます。`mparlib.models.PipelineModel` は上のループを `nn.Module` にまとめたものです。`from_sequential` は `nn.Sequential` をコピーしてステージに切り分け、パラメータ名は `stages.<i>.` を前に付けた形で保ちます。これも一緒に比べます。
+# パイプライン化したモデルは、分割前のモデルとまったく同じ計算をしなければなりません。小さなネットワークで、float64 を使って確かめます。マイクロバッチの数をいくつか変え（バッチを割り切れない数も含めます）、出力とすべてのパラメータの勾配を比べます。`mparlib.hybrid.PipelineModel` は上のループを `nn.Module` にまとめたものです。`from_sequential` は `nn.Sequential` をコピーしてステージに切り分け、パラメータ名は `stages.<i>.` を前に付けた形で保ちます。これも一緒に比べます。
 
 # %%
 def make_mlp(width, depth, d_in=32, d_out=10):
@@ -554,7 +566,7 @@ for m in (1, 2, 4, 7, 30):
         diffs = [(out - ref_out).abs().max()] + [(g - r).abs().max() for g, r in zip(grads, ref_grads)]
         worst = max(worst, *(d.item() for d in diffs))
 print(tr("pipelined = unsplit for 1, 2, 4, 7 and 30 micro-batches (float64, tolerance 1e-12)",
-         "マイクロバッチ 1, 2, 4, 7, 30 個のいずれでも、パイプライン化したモデルは分割前と一致（float64、許容誤差 1e-12）"))
+         "マイクロバッチを 1、2、4、7、30個に分けたどの場合も、パイプライン化したモデルは分割前と一致（float64、許容誤差 1e-12）"))
 
 # %% tags=["nbval-ignore-output"]
 print(tr("largest difference seen:", "観測した最大の差:"), f"{worst:.1e}")
@@ -662,8 +674,8 @@ assert len(timings) == 5 and all(t > 0 for t in timings.values())
 # <!-- ja -->
 # 予想される結果は次のとおりです。
 #
-# - **模擬的なデバイス**（GPU 1枚、または CPU）では、分割しても速くなりません。2つのステージが 1つのデバイスを共有しているからです。CPU ではどの呼び出しも終わってから次に進み、GPU 1枚ではステージのカーネルが 1本のキュー（ストリーム）に並んで順に実行されます。マイクロバッチを増やすと行列積が小さくなり、呼び出しの回数も増えるので、パイプライン版はたいてい少し遅くなります。この実行で確かめられるのは、コードが変更なしで動くことです。
-# - **本物の GPU が 2枚**あれば、マイクロバッチなしで分割したモデルは GPU 1枚より速くなりません（どの時点でも片方の GPU が遊んでいて、さらに活性が GPU 間を渡る必要があります）。マイクロバッチを使うと 2枚の GPU の計算が重なり、ステージのコストが等しく、マイクロバッチが GPU を忙しくさせるのに十分な大きさを保っていれば、上の表の理想的な速度向上に近づきます。GPU 間の転送は NVLink か PCIe を通るので、そのコストは切れ目での活性の大きさに比例して増えます。活性が小さいところで切りましょう。
+# - **模擬デバイス**（GPU 1枚、または CPU）では、分割しても速くなりません。2つのステージが 1つのデバイスを共有しているからです。CPU ではどの呼び出しも終わってから次に進み、GPU 1枚ではステージのカーネルが 1本のキュー（ストリーム）に並んで順に実行されます。マイクロバッチを増やすと行列積が小さくなり、呼び出しの回数も増えるので、パイプライン版はたいてい少し遅くなります。この実行で確かめられるのは、コードが変更なしで動くことです。
+# - **本物の GPU が 2枚**あれば、マイクロバッチなしで分割したモデルは GPU 1枚より速くなりません（どの時点でも片方の GPU が遊んでいて、さらに活性化が GPU 間を渡る必要があります）。マイクロバッチを使うと 2枚の GPU の計算が重なり、ステージのコストが等しく、マイクロバッチが GPU を忙しくさせるのに十分な大きさを保っていれば、上の表の理想的な速度向上に近づきます。GPU 間の転送は NVLink か PCIe を通るので、そのコストは切れ目での活性化の大きさに比例して増えます。活性化が小さいところで切りましょう。
 #
 # 非常に大きなモデルを実際に訓練するなら、PyTorch には `torch.distributed.pipelining` があります。ここで示した考え方に、逆伝播のスケジューリングと複数プロセスでの実行を加えたものです。
 #

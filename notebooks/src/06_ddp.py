@@ -40,9 +40,14 @@ from IPython.display import Image, display
 from torch.utils.data import DistributedSampler
 
 import mparlib
-from mparlib import ddp
+from mparlib import ddp, diagrams, throughput
+from mparlib.data import to_float
+from mparlib.errors import WorkerFailed
 from mparlib.lang import tr
+from mparlib.launch import choose_backend, launch, process_group
 from mparlib.plot import figure_png
+
+# %load_ext mparlib.launch
 
 print(mparlib.report())
 print(mparlib.profile_line())
@@ -89,30 +94,30 @@ PROFILE = mparlib.profile()
 # 下の図は 2つの構成と、DDP を速くしている重なりを示しています。逆伝播は最後の層から最初の層へ向かって勾配を作ります。DDP は勾配を**バケット**にまとめ、バケット内の勾配がそろった時点でそのオールリデュースを始めます。その間も逆伝播は手前の層の計算を続けます。
 
 # %%
-display(Image(figure_png(ddp.overview_figure())))
+display(Image(figure_png(diagrams.ddp_overview())))
 
 # %% [markdown]
 # <!-- en -->
 # Three words name the processes. The **world size** is the number of processes; each has a **rank** from 0 to
 # world size - 1; on a machine with several processes, the **local rank** numbers them on that machine and picks
 # the GPU (`cuda:<local rank>`). Together the processes form a **process group**, and the **backend** carries
-# their messages: `nccl` between GPUs, `gloo` between CPU processes. `mparlib.ddp.choose_backend()` takes `nccl`
-# when there are GPUs and `gloo` otherwise.
+# their messages: `nccl` between GPUs, `gloo` between CPU processes. `mparlib.launch.choose_backend("auto", n)` takes `nccl`
+# when there is a GPU for each of the `n` processes and `gloo` otherwise.
 #
 # Before they can talk, the processes must find each other: the **rendezvous**. Each process reads its rank and
 # the world size from the environment variables `RANK` and `WORLD_SIZE`, and meets the others at
 # `MASTER_ADDR:MASTER_PORT`, where rank 0 listens. The program `torchrun` sets these variables for every process
-# it starts. A process started without them does not know who it is, and `mparlib.ddp.process_group()` says so:
+# it starts. A process started without them does not know who it is, and `mparlib.launch.process_group()` says so:
 # <!-- ja -->
-# プロセスを区別するための用語が 3つあります。**ワールドサイズ**はプロセスの総数です。各プロセスは 0 からワールドサイズ - 1 までの**ランク**を持ちます。1台のマシンで複数のプロセスを動かすときは、そのマシンの中での番号である**ローカルランク**で使う GPU（`cuda:<ローカルランク>`）を決めます。プロセス全体で**プロセスグループ**を作り、プロセス間のメッセージは**バックエンド**が運びます。GPU 間なら `nccl`、CPU のプロセス間なら `gloo` です。`mparlib.ddp.choose_backend()` は GPU があれば `nccl` を、なければ `gloo` を選びます。
+# プロセスを区別するための用語が 3つあります。**ワールドサイズ**はプロセスの総数です。各プロセスは 0 からワールドサイズ - 1 までの**ランク**を持ちます。1台のマシンで複数のプロセスを動かすときは、そのマシンの中での番号である**ローカルランク**で使う GPU（`cuda:<ローカルランク>`）を決めます。プロセス全体で**プロセスグループ**を作り、プロセス間のメッセージは**バックエンド**が運びます。GPU 間なら `nccl`、CPU のプロセス間なら `gloo` です。`mparlib.launch.choose_backend("auto", n)` は `n` 個のプロセスそれぞれに GPU があれば `nccl` を、なければ `gloo` を選びます。
 #
-# 通信を始める前に、プロセスどうしが互いを見つける必要があります。これを**ランデブー**と呼びます。各プロセスは環境変数 `RANK` と `WORLD_SIZE` から自分のランクとワールドサイズを読み、ランク 0 が待ち受ける `MASTER_ADDR:MASTER_PORT` で他のプロセスと落ち合います。`torchrun` は起動するすべてのプロセスにこれらの変数を設定します。変数なしで起動したプロセスは自分が誰なのかわからないので、`mparlib.ddp.process_group()` はそのことをエラーで伝えます。
+# 通信を始める前に、プロセスどうしが互いを見つける必要があります。これを**ランデブー**と呼びます。各プロセスは環境変数 `RANK` と `WORLD_SIZE` から自分のランクとワールドサイズを読み、ランク 0 が待ち受ける `MASTER_ADDR:MASTER_PORT` で他のプロセスと落ち合います。`torchrun` は起動するすべてのプロセスにこれらの変数を設定します。変数なしで起動したプロセスは自分が誰なのかわからないので、`mparlib.launch.process_group()` はそのことをエラーで伝えます。
 
 # %%
-print(ddp.choose_backend() == ("nccl" if mparlib.num_gpus() else "gloo"))
+print(choose_backend("auto", 2) == ("nccl" if mparlib.num_gpus() >= 2 else "gloo"))
 
 # %% tags=["raises-exception"]
-with ddp.process_group():
+with process_group():
     pass
 
 # %% [markdown]
@@ -196,9 +201,22 @@ print(shares)
 # - `torchrun --nproc_per_node=2 -m mparlib.ddp --epochs 10` in a terminal: torchrun starts the processes and
 #   sets the variables (`--nproc_per_node` = number of GPUs with `nccl`),
 # - `python -m mparlib.ddp --nproc 2 --epochs 10`: the module starts the processes itself,
-# - `ddp.launch(ddp.train_worker, 2, config)` from Python, which is what this notebook does.
+# - `launch(ddp.train_worker, 2, args=(config,))` from Python, which is what this notebook does.
 #
 # `python -m mparlib.ddp --help` lists the options (batch size, learning rate, `--sync-bn`, `--resume`, ...).
+#
+# Around that loop the library takes care of what a long run needs, each piece small enough to read:
+#
+# | where | what it does |
+# |---|---|
+# | `mparlib.ddp.check_run` | refuses settings that cannot work (a global batch that does not split evenly, a rank without data, `lr=nan`) before any process starts |
+# | `mparlib.rendezvous.rendezvous_env`, `check_port`, `free_port`, `check_gpus` | read torchrun's variables, check that the rendezvous port is free, and that nccl has a GPU per process |
+# | `mparlib.locks.lock_folder` (a `FolderLock`) | one run per `--out` folder: a second run is refused with the name of the first |
+# | `mparlib.resume.save_run`, `checkpoint_path`, `sampler_state` | rank 0's atomic checkpoint after every epoch, with what resuming needs |
+# | `mparlib.resume.read_checkpoint`, `shared_checkpoint` | for `--resume`: rank 0 reads and checks the file, then sends it to every rank |
+#
+# The training loop also watches the loss: at the first NaN or infinite loss the run stops with
+# `TrainingDiverged`, naming the epoch and step, and the last good checkpoint stays.
 # <!-- ja -->
 # ## DDP の訓練スクリプト
 #
@@ -225,45 +243,97 @@ print(shares)
 #
 # - ターミナルで `torchrun --nproc_per_node=2 -m mparlib.ddp --epochs 10`: torchrun がプロセスを起動し、環境変数を設定します（`nccl` では `--nproc_per_node` を GPU の枚数にします）。
 # - `python -m mparlib.ddp --nproc 2 --epochs 10`: モジュール自身がプロセスを起動します。
-# - Python から `ddp.launch(ddp.train_worker, 2, config)`: このノートブックではこの方法を使います。
+# - Python から `launch(ddp.train_worker, 2, args=(config,))`: このノートブックではこの方法を使います。
 #
 # オプション（バッチサイズ、学習率、`--sync-bn`、`--resume` など）の一覧は `python -m mparlib.ddp --help` で表示できます。
+#
+# このループの周りで、長い訓練に必要なことはライブラリが受け持ちます。どれも読める大きさです。
+#
+# | 場所 | 役割 |
+# |---|---|
+# | `mparlib.ddp.check_run` | 動かない設定（プロセス数で割り切れない全体のバッチサイズ、データのないランク、`lr=nan` など）を、プロセスを起動する前に拒否する |
+# | `mparlib.rendezvous.rendezvous_env`、`check_port`、`free_port`、`check_gpus` | torchrun の環境変数を読み、ランデブーのポートが空いていること、nccl ならプロセスごとに GPU があることを確かめる |
+# | `mparlib.locks.lock_folder`（`FolderLock`） | 1つの `--out` フォルダには 1つの訓練だけ。2つ目の訓練は 1つ目の名前を添えて拒否する |
+# | `mparlib.resume.save_run`、`checkpoint_path`、`sampler_state` | エポックごとにランク 0 がアトミックに書くチェックポイントと、再開に必要な情報 |
+# | `mparlib.resume.read_checkpoint`、`shared_checkpoint` | `--resume` のとき、ランク 0 がファイルを読んで確かめ、全ランクに送る |
+#
+# 訓練ループは損失も見張っています。損失が初めて NaN か無限大になった時点で、エポックとステップを示す `TrainingDiverged` で訓練を止め、最後の正常なチェックポイントを残します。
 
 # %% [markdown]
 # <!-- en -->
 # ## Starting processes from a notebook
 #
-# `launch(fn, nproc, *args)` starts `nproc` fresh Python processes, gives each the variables torchrun would
-# set, joins them into a process group, calls `fn(*args)` in each, and returns what rank 0's `fn` returned. It
-# also shows rank 0's printed lines and its live plot in the cell.
+# `launch(fn, nproc, args=(...), kwargs={...})` from `mparlib.launch` starts `nproc` fresh Python processes,
+# gives each the variables torchrun would set, joins them into a process group, calls `fn(*args, **kwargs)` in
+# each, and returns what rank 0's `fn` returned. It also shows rank 0's printed lines and its live plot in the
+# cell. Its own options (`backend`, `port`, `echo`, ...) are keyword-only, so they never take an argument meant for
+# the worker. The launcher hosts the rendezvous server itself, as torchrun does, and its processes end with it:
+# interrupting the cell, restarting the kernel or killing the launcher stops every rank.
 #
-# The worker `fn` must live in an importable module (a `.py` file), not in a notebook cell. A new process is a
-# fresh interpreter: it receives the function as "module name + function name" (that is how `pickle` sends a
-# function) and imports it. A function defined in a cell belongs to the kernel's `__main__` module, which the new
-# process does not have. With `torch.multiprocessing.spawn` the new process fails with `AttributeError: Can't get
-# attribute 'worker' on <module '__main__' (built-in)>`, and the notebook sees only `ProcessExitedException:
-# process 0 terminated with exit code 1`. (Starting processes by `fork`, which copies the kernel, avoids the
-# import but is unsafe once CUDA has been used, so PyTorch spawns.) `launch` checks this before starting anything:
+# The worker `fn` must be importable. A new process is a fresh interpreter: it receives the function as
+# "module name + function name" (that is how `pickle` sends a function) and imports it. A function defined in a
+# cell belongs to the kernel's `__main__` module, which the new process does not have. With
+# `torch.multiprocessing.spawn` the new process fails with `AttributeError: Can't get attribute 'worker' on
+# <module '__main__' (built-in)>`, and the notebook sees only `ProcessExitedException: process 0 terminated with
+# exit code 1`. (Starting processes by `fork`, which copies the kernel, avoids the import but is unsafe once CUDA
+# has been used, so PyTorch spawns.) `launch` checks this before starting anything:
 # <!-- ja -->
 # ## ノートブックからプロセスを起動する
 #
-# `launch(fn, nproc, *args)` は新しい Python プロセスを `nproc` 個起動し、torchrun が設定するのと同じ環境変数を渡してプロセスグループを作り、各プロセスで `fn(*args)` を呼び出して、ランク 0 の `fn` の戻り値を返します。ランク 0 が表示する行とライブ表示のグラフも、セルの中に表示します。
+# `mparlib.launch` の `launch(fn, nproc, args=(...), kwargs={...})` は、新しい Python プロセスを `nproc` 個起動し、torchrun が設定するのと同じ環境変数を渡してプロセスグループを作り、各プロセスで `fn(*args, **kwargs)` を呼び出して、ランク 0 の `fn` の戻り値を返します。ランク 0 が表示する行とライブ表示のグラフも、セルの中に表示します。`launch` 自身のオプション（`backend`、`port`、`echo` など）はキーワード専用なので、ワーカーに渡すつもりの引数を横取りすることはありません。ランデブーのサーバーは torchrun と同じく起動する側が受け持ち、起動したプロセスは `launch` と運命をともにします。セルを中断しても、カーネルを再起動しても、起動したプログラムを強制終了しても、すべてのランクが止まります。
 #
-# ワーカー関数 `fn` は、ノートブックのセルではなく、インポートできるモジュール（`.py` ファイル）に置く必要があります。新しいプロセスはまっさらなインタプリタです。関数は「モジュール名 + 関数名」として届き（`pickle` は関数をこの形で送ります）、新しいプロセスがそれをインポートします。セルで定義した関数はカーネルの `__main__` モジュールに属しますが、新しいプロセスにはそのモジュールがありません。`torch.multiprocessing.spawn` を使うと、新しいプロセスは `AttributeError: Can't get attribute 'worker' on <module '__main__' (built-in)>` で失敗し、ノートブックには `ProcessExitedException: process 0 terminated with exit code 1` しか届きません（カーネルを丸ごと複製する `fork` で起動すればインポートは不要ですが、CUDA を使ったあとでは安全ではないため、PyTorch は spawn で起動します）。`launch` はプロセスを起動する前にこれを確かめます。
+# ワーカー関数 `fn` はインポートできなければなりません。新しいプロセスはまっさらなインタプリタです。関数は「モジュール名 + 関数名」として届き（`pickle` は関数をこの形で送ります）、新しいプロセスがそれをインポートします。セルで定義した関数はカーネルの `__main__` モジュールに属しますが、新しいプロセスにはそのモジュールがありません。`torch.multiprocessing.spawn` を使うと、新しいプロセスは `AttributeError: Can't get attribute 'worker' on <module '__main__' (built-in)>` で失敗し、ノートブックには `ProcessExitedException: process 0 terminated with exit code 1` しか届きません（カーネルを丸ごと複製する `fork` で起動すればインポートは不要ですが、CUDA を使ったあとでは安全ではないため、PyTorch は spawn で起動します）。`launch` はプロセスを起動する前にこれを確かめます。
 
 # %% tags=["raises-exception"]
 def worker():
     return "hello"
 
 
-ddp.launch(worker, 2)
+launch(worker, 2)
 
 # %% [markdown]
 # <!-- en -->
-# The fix is what the message says: put the worker in a file such as `my_workers.py` next to the notebook and
-# `from my_workers import worker`. The workers of this chapter live in `mparlib/ddp.py`.
+# The fix is what the message says. A cell that starts with `%%worker NAME` (the magic comes with
+# `%load_ext mparlib.launch`, run in the first code cell) becomes the module `NAME`: the kernel writes it into a
+# temporary folder of its own, which the new processes can import from, and imports it. Nothing is written into
+# the course's folders, and running the cell again replaces the module (`mparlib.workers.write_worker` does the
+# writing into `mparlib.workers.worker_folder()`; `register_magic` is what `%load_ext` calls). This chapter's own
+# workers follow: one
+# that says who it is, and one DDP step on a share of a batch, used in the next section.
 # <!-- ja -->
-# 直し方はメッセージのとおりです。ワーカー関数をノートブックと同じフォルダの `my_workers.py` のようなファイルに書き、`from my_workers import worker` でインポートしてから渡します。この章のワーカー関数は `mparlib/ddp.py` にあります。
+# 直し方はメッセージのとおりです。`%%worker NAME` で始まるセルは、モジュール `NAME` になります（このマジックは最初のコードセルで実行した `%load_ext mparlib.launch` で使えるようになります）。カーネルはセルの中身を自分専用の一時フォルダに書き出してインポートし、新しいプロセスもそのフォルダからインポートできます。コースのフォルダには何も書き込みません。セルを実行し直すと、モジュールも置き換わります（書き出すのは `mparlib.workers.write_worker` で、書き出し先は `mparlib.workers.worker_folder()` です。`%load_ext` が呼ぶのは `register_magic` です）。次のセルがこの章のワーカーです。自分が誰かを答えるワーカーと、ミニバッチの担当分で DDP の 1ステップを進めるワーカー（次の節で使います）です。
+
+# %%
+# %%worker ddp_workers
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from mparlib.ddp import make_model
+
+
+def hello():
+    return f"rank {dist.get_rank()} of {dist.get_world_size()}, backend {dist.get_backend()}"
+
+
+def one_step(x, y, lr, seed=0):
+    """One DDP step in which rank r trains on rows r*b .. (r+1)*b - 1 of the batch; returns the new parameters."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    b = len(y) // world  # this rank's share of the global batch
+    torch.manual_seed(seed)
+    net = make_model("mlp")  # the same seed on every rank gives the same initial weights
+    model = DDP(net)  # broadcasts rank 0's parameters once, then averages gradients in backward
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    loss = nn.functional.cross_entropy(model(x[rank * b:(rank + 1) * b]), y[rank * b:(rank + 1) * b])
+    loss.backward()  # the all-reduce happens here, bucket by bucket
+    optimizer.step()
+    return {k: v.detach().clone() for k, v in net.state_dict().items()}
+
+# %%
+from ddp_workers import hello, one_step
+
+print(launch(hello, 2))
 
 # %% [markdown]
 # <!-- en -->
@@ -278,7 +348,7 @@ ddp.launch(worker, 2)
 # process that took one step on the whole batch. The check below uses a small network without batch
 # normalization: batch normalization computes its statistics over the examples a process sees, so with DDP its
 # output depends on the split (on GPUs, `--sync-bn` replaces it with `SyncBatchNorm`, which computes them over
-# the global batch). `ddp.one_step_worker` builds the model from the same seed and takes one SGD step on
+# the global batch). The worker `one_step` above builds the model from the same seed and takes one SGD step on
 # rank `r`'s half.
 # <!-- ja -->
 # ## 半分ずつの計算を合わせると全体の計算になる
@@ -287,11 +357,11 @@ ddp.launch(worker, 2)
 #
 # $$\frac{1}{W}\sum_{r=1}^{W} \frac{1}{b}\sum_{i \in \text{担当}_r} \nabla \ell_i = \frac{1}{B}\sum_{i=1}^{B} \nabla \ell_i$$
 #
-# したがって、2個のプロセスでミニバッチを半分ずつ使って 1ステップ進めた DDP のパラメータは、1個のプロセスでミニバッチ全体を使って 1ステップ進めたパラメータと一致するはずです。この確認には、バッチ正規化を含まない小さなネットワークを使います。バッチ正規化は、そのプロセスが見るデータだけで統計量を計算するため、DDP では出力がデータの分け方に依存するからです（GPU では `--sync-bn` を指定すると `SyncBatchNorm` に置き換わり、全体のバッチで統計量を計算します）。`ddp.one_step_worker` は同じシードからモデルを作り、ランク `r` の担当する半分で SGD を 1ステップ進めます。
+# したがって、2個のプロセスでミニバッチを半分ずつ使って 1ステップ進めた DDP のパラメータは、1個のプロセスでミニバッチ全体を使って 1ステップ進めたパラメータと一致するはずです。この確認には、バッチ正規化を含まない小さなネットワークを使います。バッチ正規化は、そのプロセスが見るデータだけで統計量を計算するため、DDP では出力がデータの分け方に依存するからです（GPU では `--sync-bn` を指定すると `SyncBatchNorm` に置き換わり、全体のバッチで統計量を計算します）。上のワーカー `one_step` は同じシードからモデルを作り、ランク `r` の担当する半分で SGD を 1ステップ進めます。
 
 # %% tags=["nbval-ignore-output"]
 images, labels = ddp.load_split_tensors("train", 16)
-X, y = ddp.to_float(images), labels  # (16, 1, 28, 28), (16,)
+X, y = to_float(images), labels  # (16, 1, 28, 28), (16,)
 
 torch.manual_seed(0)
 net = ddp.make_model("mlp")  # Flatten, Linear(784, 64), ReLU, Linear(64, 10)
@@ -301,7 +371,7 @@ torch.nn.functional.cross_entropy(net(X), y).backward()
 optimizer.step()
 one_process = net.state_dict()
 
-two_processes = ddp.launch(ddp.one_step_worker, 2, X, y, lr=0.5, seed=0, echo=False)
+two_processes = launch(one_step, 2, args=(X, y, 0.5), echo=False)
 diff = max((two_processes[k] - one_process[k]).abs().max().item() for k in one_process)
 moved = max((one_process[k] - before[k]).abs().max().item() for k in one_process)
 print(tr("largest parameter difference, 2 processes vs 1:", "パラメータの差の最大値（2個のプロセスと 1個）:"),
@@ -351,16 +421,16 @@ else:
 workdir = tempfile.TemporaryDirectory(prefix="mparlib-06-")
 config = ddp.DDPConfig(model="resnet18", out=workdir.name, **settings)
 plot = Path(workdir.name) / "plot.png"  # rank 0's Animator writes it; launch(show=plot) displays it here
-print(tr(f"{nproc} processes, backend {ddp.choose_backend()}, global batch {config.batch_size} "
+print(tr(f"{nproc} processes, backend {choose_backend('auto', nproc)}, global batch {config.batch_size} "
          f"({config.batch_size // nproc} per process), learning rate {config.lr:g}, {config.epochs} epochs",
-         f"プロセス {nproc}個、バックエンド {ddp.choose_backend()}、全体のバッチサイズ {config.batch_size}"
+         f"プロセス {nproc}個、バックエンド {choose_backend('auto', nproc)}、全体のバッチサイズ {config.batch_size}"
          f"（プロセスあたり {config.batch_size // nproc}）、学習率 {config.lr:g}、{config.epochs}エポック"))
 
 # %% tags=["nbval-ignore-output"]
 crash = dataclasses.replace(config, crash_at=(config.epochs, 1))  # rank 0 dies at step 1 of the last epoch
 try:
-    ddp.launch(ddp.train_worker, nproc, crash, show=plot)
-except ddp.WorkerFailed as e:
+    launch(ddp.train_worker, nproc, args=(crash,), show=plot)
+except WorkerFailed as e:
     print(str(e).splitlines()[0])
 
 # %%
@@ -378,7 +448,7 @@ assert saved["epoch"] == config.epochs - 1 and saved["sampler"]["epoch"] == conf
 # 失われたのは最後のエポックの進み具合だけです。再開（コマンドラインでは `--resume`）ではチェックポイントを読み込みます。ランク 0 がファイルを読んで他のプロセスへブロードキャストし、各プロセスがモデルとオプティマイザの状態を復元し、サンプラーは次のエポックの順序から続けます。再開した訓練は、一度も中断しなかった訓練と同じパラメータに到達します（`tests/test_ddp.py` で確かめています）。
 
 # %% tags=["nbval-ignore-output"]
-result = ddp.launch(ddp.train_worker, nproc, dataclasses.replace(config, resume=True), show=plot)
+result = launch(ddp.train_worker, nproc, args=(dataclasses.replace(config, resume=True),), show=plot)
 
 # %%
 history = result["history"]
@@ -398,7 +468,7 @@ if PROFILE == "full":
 # チェックポイントは 2章と同じ形式です。パラメータは DDP のラッパーの内側のモデルから `module.` の接頭辞なしで保存され、再開に必要な項目がその横に並びます。そのため、`load_checkpoint` を使えば、訓練した重みをふつうの ResNet-18 に読み込めます。プロセスグループなしで、1つのデバイスで評価したり追加で訓練したりできます。
 
 # %%
-from mparlib.parallel import load_checkpoint
+from mparlib.checkpoint import load_checkpoint
 
 plain = ddp.make_model("resnet18")
 extra = load_checkpoint(plain, Path(workdir.name) / "checkpoint.pt")
@@ -419,8 +489,9 @@ assert extra["epoch"] == config.epochs and extra["sampler"]["epoch"] == config.e
 
 # %% tags=["nbval-ignore-output"]
 per_process, steps = (4, 2) if PROFILE == "smoke" else (256, 20)
-dp = ddp.dataparallel_throughput("resnet18", batch_size=per_process * nproc, steps=steps)
-dd = ddp.launch(ddp.throughput_worker, nproc, "resnet18", per_rank_batch=per_process, steps=steps, echo=False)
+dp = throughput.dataparallel("resnet18", batch_size=per_process * nproc, steps=steps)
+dd = launch(throughput.ddp_worker, nproc, args=("resnet18",), kwargs=dict(per_rank_batch=per_process, steps=steps),
+            echo=False)
 rows = [("DataParallel", 1, ", ".join(dp["devices"]) + f" ({dp['threads']} threads)", dp["images_per_s"]),
         ("DistributedDataParallel", dd["world_size"], f"{dd['backend']} ({dd['threads']} thread(s) each)",
          dd["images_per_s"])]
@@ -529,14 +600,14 @@ workdir.cleanup()  # the checkpoint and plot of this chapter's runs lived in a t
 # - With the global batch split over the processes, DDP computes the same steps as one process on the whole
 #   batch (for models without batch normalization; `SyncBatchNorm` on GPUs).
 # - `torchrun` starts the processes and sets `RANK`, `WORLD_SIZE`, `MASTER_ADDR` and `MASTER_PORT`; from a
-#   notebook, `mparlib.ddp.launch` does it, with a worker function from an importable module.
+#   notebook, `mparlib.launch.launch` does it, with a worker from an importable module: a `%%worker` cell.
 # - Rank 0 alone prints, plots and writes checkpoints, atomically; `--resume` continues where a run stopped.
 # - The same program runs on several machines: `torchrun --nnodes=2 --rdzv-backend=c10d --rdzv-endpoint=...`.
 #
 # ## Exercises
 #
 # 1. In the sampler cell, remove the line `s.set_epoch(epoch)`. What do the two epochs print now?
-# 2. Run the correctness check with 4 processes: `ddp.launch(ddp.one_step_worker, 4, X, y, lr=0.5, seed=0)`.
+# 2. Run the correctness check with 4 processes: `launch(one_step, 4, args=(X, y, 0.5))`.
 #    Is the difference to `one_process` still below `1e-6`? Then try 3 processes: what does the message say,
 #    and why?
 # 3. In a terminal, run `python -m mparlib.ddp --nproc 2 --model mlp --epochs 3 --subset 2048 --batch-size 64
@@ -550,13 +621,13 @@ workdir.cleanup()  # the checkpoint and plot of this chapter's runs lived in a t
 #
 # - DDP はデバイスごとに 1個のプロセスを動かします。各プロセスは自分の担当分のデータを読み込み（`DistributedSampler`。エポックごとに `set_epoch` を呼びます）、自分で損失を計算します。DDP は逆伝播が続いている間に、勾配をバケットごとのオールリデュースで平均します。
 # - 全体のバッチサイズをプロセスに割り振れば、DDP は 1個のプロセスでミニバッチ全体を使ったときと同じステップを計算します（バッチ正規化を含まないモデルの場合。GPU では `SyncBatchNorm` を使います）。
-# - `torchrun` はプロセスを起動し、`RANK`、`WORLD_SIZE`、`MASTER_ADDR`、`MASTER_PORT` を設定します。ノートブックからは `mparlib.ddp.launch` が同じことを行います。ワーカー関数はインポートできるモジュールに置きます。
+# - `torchrun` はプロセスを起動し、`RANK`、`WORLD_SIZE`、`MASTER_ADDR`、`MASTER_PORT` を設定します。ノートブックからは `mparlib.launch.launch` が同じことを行います。ワーカー関数はインポートできるモジュール（`%%worker` のセル）に置きます。
 # - 表示、グラフ、チェックポイントの書き込みはランク 0 だけが行い、チェックポイントは不可分に書き込みます。`--resume` を指定すると、止まったところから訓練を続けます。
 # - 同じプログラムが複数台のマシンで動きます: `torchrun --nnodes=2 --rdzv-backend=c10d --rdzv-endpoint=...`
 #
 # ## 練習問題
 #
 # 1. サンプラーのセルから `s.set_epoch(epoch)` の行を消してください。2つのエポックの表示はどう変わるでしょうか。
-# 2. 正しさの確認を 4個のプロセスで実行してください: `ddp.launch(ddp.one_step_worker, 4, X, y, lr=0.5, seed=0)`。`one_process` との差は `1e-6` 未満のままでしょうか。次に 3個のプロセスで試してください。どんなメッセージが表示され、それはなぜでしょうか。
+# 2. 正しさの確認を 4個のプロセスで実行してください: `launch(one_step, 4, args=(X, y, 0.5))`。`one_process` との差は `1e-6` 未満のままでしょうか。次に 3個のプロセスで試してください。どんなメッセージが表示され、それはなぜでしょうか。
 # 3. ターミナルで `python -m mparlib.ddp --nproc 2 --model mlp --epochs 3 --subset 2048 --batch-size 64 --momentum 0.9 --out runs/a` を実行してください。次に同じコマンドを `--crash-at 3:5 --out runs/b` を付けて実行し、さらに `--crash-at` を外して `--resume --out runs/b` を付けて実行してください。2つの `checkpoint.pt` を `torch.load` で読み込み、`"model"` の中身を比べてください。
 # 4. 上で示した 2ノードの予行演習を、2つのターミナルを使って `127.0.0.1` 上で行ってください。一方だけを起動するとどうなるでしょうか。

@@ -7,16 +7,18 @@
 # epoch on one GPU, about 4,900 images/s. A modern GPU could do far more: this chapter measures how much more, finds
 # where the time goes, and removes the obstacles one at a time, measuring each step.
 #
-# The tools are in `mparlib.train`: `train(..., fast=True)` runs the same epoch loop with faster helpers, and
-# `FastPath(...)` switches each of them on or off:
+# The tools are in `mparlib.fastpath`: `mparlib.train.train(..., fast=True)` runs the same epoch loop with faster
+# parts, and `fastpath.FastPath(...)` switches each of them on or off. The loop runs whatever `StepPlan` it is given
+# (what a step calls, its optimizer, loss, batch layout and numeric precision): chapter 05's `classic_plan`, or the
+# one that `fastpath.plan` builds from these options:
 #
 # | option | what it changes |
 # |---|---|
 # | `resident` | the whole data set lives on the device as `uint8`; batches are gathered and normalised there |
 # | `channels_last` | model and batches in NHWC memory layout, the layout of the fast convolution kernels |
-# | `precision` | bf16 autocast where the device computes bf16 natively, fp32 elsewhere |
-# | `fused` | one fused SGD kernel for all parameters instead of one update per tensor |
-# | `momentum`, `warmup`, `label_smoothing` | a schedule that keeps accuracy when batches grow |
+# | `precision` | bf16 autocast where the device computes bf16 natively (`bf16_native`; on a CPU, `cpu_has_bf16`), fp32 elsewhere |
+# | `fused` | one fused SGD kernel for all parameters instead of one update per tensor (`make_fast_optimizer`) |
+# | `momentum`, `warmup`, `label_smoothing` | a schedule that keeps accuracy when batches grow (`warmup_cosine`) |
 # | `compile`, `cuda_graphs` | `torch.compile`, and replaying each step as a CUDA graph (GPUs) |
 #
 # The sizes follow the course profile: the smoke profile (no GPU) runs a few steps of each measurement, so the
@@ -27,15 +29,15 @@
 #
 # 05章では、ResNet-18 を d2l と同じ方法で Fashion-MNIST に訓練しました。`DataLoader` が画像を 1枚ずつ PIL 画像にしてからテンソルに戻し、計算は fp32 で、小さなカーネルを 1つずつ順に実行する方法です。d2l 自身のビルドでは GPU 1枚で 1エポック 12.3秒、毎秒およそ 4,900枚という結果が報告されています。最近の GPU はこれよりはるかに多くの計算ができます。この章では、どれだけ多くできるのかを測り、時間がどこで使われているかを調べ、障害を 1つずつ取り除きながら、その効果をそのつど計測します。
 #
-# 道具は `mparlib.train` にあります。`train(..., fast=True)` は同じエポックのループを、より速い部品で実行します。`FastPath(...)` で部品を 1つずつ有効・無効にできます。
+# 道具は `mparlib.fastpath` にあります。`mparlib.train.train(..., fast=True)` は同じエポックのループを、より速い部品で実行します。`fastpath.FastPath(...)` で部品を 1つずつ有効・無効にできます。ループは渡された `StepPlan`（1ステップで呼ぶもの、オプティマイザ、損失、バッチのメモリ配置、数値の精度）のとおりに実行します。05章の `classic_plan` か、次のオプションから `fastpath.plan` が組み立てたものです。
 #
 # | オプション | 変わること |
 # |---|---|
 # | `resident` | データセット全体を `uint8` のままデバイスに置き、バッチの切り出しと正規化もデバイス上で行う |
 # | `channels_last` | モデルとバッチを NHWC のメモリ配置にする（高速な畳み込みカーネルが使う配置） |
-# | `precision` | デバイスが bf16 をネイティブに計算できるときは bf16 の autocast、それ以外では fp32 |
-# | `fused` | パラメータごとに更新する代わりに、全パラメータを 1つの融合（fused）SGD カーネルで更新する |
-# | `momentum`、`warmup`、`label_smoothing` | バッチを大きくしても精度を保つための学習率スケジュールなど |
+# | `precision` | デバイスが bf16 をネイティブに計算できるときは bf16 の autocast（`bf16_native`。CPU では `cpu_has_bf16`）、それ以外では fp32 |
+# | `fused` | パラメータごとに更新する代わりに、全パラメータを 1つの融合（fused）SGD カーネルで更新する（`make_fast_optimizer`） |
+# | `momentum`、`warmup`、`label_smoothing` | バッチを大きくしても精度を保つための学習率スケジュールなど（`warmup_cosine`） |
 # | `compile`、`cuda_graphs` | `torch.compile` と、各ステップを CUDA グラフとして再生する仕組み（GPU） |
 #
 # 規模はコースのプロファイルに従います。スモークプロファイル（GPU なし）では各計測を数ステップだけ実行するので、数値は本物ですがばらつきが大きくなります。フルプロファイル（GPU あり）では、テスト精度 91% までの訓練を含む本来の実験を行います。
@@ -57,8 +59,10 @@ from torch.utils.flop_counter import FlopCounterMode
 from torchvision import transforms
 
 import mparlib
-import mparlib.plot  # noqa: F401  (selects a font that has Japanese glyphs)
-from mparlib import data
+import mparlib.plot
+
+mparlib.plot.use_course_style()  # a font with Japanese glyphs for this notebook's figures
+from mparlib import data, fastpath, loaders
 from mparlib import train as T
 from mparlib.lang import tr
 from mparlib.models import init_weights, resnet18
@@ -73,7 +77,7 @@ SIZES = {
     "full": dict(batch=256, big_batch=1024, steps=40, repeats=3, profile_steps=10, conv_repeats=10),
 }
 S = SIZES[mparlib.profile()]
-print(f"device: {device}, bf16 native: {T.bf16_native(device)}, sizes: {S}")
+print(f"device: {device}, bf16 native: {fastpath.bf16_native(device)}, sizes: {S}")
 
 
 def cell(text, width, right=False):
@@ -143,8 +147,8 @@ test_images, test_labels = data.read_split(data.locate(), "test")
 def d2l_loaders(batch_size, n, n_test=16):
     """Chapter 05's input: PIL images through ToTensor in DataLoader workers (kept alive between epochs here)."""
     workers = min(4, os.cpu_count() or 1)
-    train_set = data.FashionMNIST(images[:n], labels[:n], transforms.ToTensor())
-    test_set = data.FashionMNIST(test_images[:n_test], test_labels[:n_test], transforms.ToTensor())
+    train_set = loaders.FashionMNIST(images[:n], labels[:n], transforms.ToTensor())
+    test_set = loaders.FashionMNIST(test_images[:n_test], test_labels[:n_test], transforms.ToTensor())
     train_iter = torch.utils.data.DataLoader(train_set, batch_size, shuffle=True, num_workers=workers,
                                              generator=torch.Generator().manual_seed(0),
                                              pin_memory=device.type == "cuda", persistent_workers=workers > 0)
@@ -154,8 +158,8 @@ def d2l_loaders(batch_size, n, n_test=16):
 def resident_loaders(batch_size, n, n_test=16):
     """The fast path's input: uint8 images on the device, each batch gathered and scaled to [0, 1] there."""
     g = torch.Generator().manual_seed(0)
-    return (data.ResidentLoader(images[:n], labels[:n], batch_size, shuffle=True, device=device, generator=g),
-            data.ResidentLoader(test_images[:n_test], test_labels[:n_test], batch_size, shuffle=False, device=device))
+    return (loaders.ResidentLoader(images[:n], labels[:n], batch_size, shuffle=True, device=device, generator=g),
+            loaders.ResidentLoader(test_images[:n_test], test_labels[:n_test], batch_size, shuffle=False, device=device))
 
 # %% tags=["nbval-ignore-output"]
 PHASES = [tr("data loading", "データの読み込み"), tr("host-to-device copy", "ホストからデバイスへの転送"),
@@ -292,7 +296,7 @@ for label, options, batch_size in PLAN:
         skip = tr("smoke profile: compiling takes minutes on a CPU", "スモーク: CPU ではコンパイルに数分かかる")
     row = dict(step=label, batch=batch_size, skipped=skip)
     if skip is None:
-        row.update(measure(T.FastPath(**options) if options else None, batch_size, N, S["repeats"]))
+        row.update(measure(fastpath.FastPath(**options) if options else None, batch_size, N, S["repeats"]))
     results.append(row)
 base = results[0]["images_per_s"]
 print(cell(tr("step", "ステップ"), 36), cell(tr("batch", "バッチ"), 6, True), cell(tr("precision", "精度"), 9, True),
@@ -308,7 +312,7 @@ for r in results:
 measured = [r for r in results if not r["skipped"]]
 assert all(r["images"] == N for r in measured)  # every row trained the same images
 assert all(r["images_per_s"] > 0 and math.isfinite(r["images_per_s"]) for r in measured)
-assert all(r["precision"] == ("bf16" if T.bf16_native(device) else "fp32") for r in measured[3:])
+assert all(r["precision"] == ("bf16" if fastpath.bf16_native(device) else "fp32") for r in measured[3:])
 if device.type == "cuda":
     assert max(r["images_per_s"] for r in measured) > 2 * base
 
@@ -375,7 +379,7 @@ def copy_gbytes_per_s(nbytes, repeats=10):
 
 gpu = device.type == "cuda"
 peaks = {"fp32": matmul_tflops(device, torch.float32, 8192 if gpu else 2048)}
-if T.bf16_native(device):
+if fastpath.bf16_native(device):
     peaks["bf16"] = matmul_tflops(device, torch.bfloat16, 8192 if gpu else 2048)
 bandwidth = copy_gbytes_per_s(2**30 if gpu else 2**26)
 for name, peak in peaks.items():
@@ -453,7 +457,7 @@ assert all(a256 > a1 for a1, a256 in zip(ai[1], ai[256]))  # a batch shares each
 # 画像 1枚のときは、深い層は大きな重みテンソルを読み込んでも、出力の画素は 16個か 49個しか計算しません。演算強度が低く、メモリ律速になります。バッチにすると各重みを画像の数だけ再利用するので、どの層の演算強度も上がります。次に、形状の異なる畳み込みをこのデバイス上で 1つずつ単独で計測し（順伝播、高速パスの精度とメモリ配置で、大きい方のバッチサイズ）、上の表で最も速かった訓練ステップ全体と一緒に、計測したルーフラインの上に置きます。
 
 # %% tags=["nbval-ignore-output"]
-fast_dtype = torch.bfloat16 if T.bf16_native(device) else torch.float32
+fast_dtype = torch.bfloat16 if fastpath.bf16_native(device) else torch.float32
 bytes_per_value = 2 if fast_dtype == torch.bfloat16 else 4
 points = []
 for name, count, conv, i, o in distinct_convs(BIG).values():
@@ -542,7 +546,7 @@ print(tr(f"training seconds until test accuracy {target}: {reached_text}",
          f"テスト精度 {target} までの訓練時間（秒）: {reached_text}"))
 
 # %%
-assert hist.fast["precision"] == ("bf16" if T.bf16_native(device) else "fp32")
+assert hist.fast["precision"] == ("bf16" if fastpath.bf16_native(device) else "fp32")
 assert hist.fast["cuda_graphs"] == (device.type == "cuda")
 assert all(math.isfinite(v) for v in hist.train_loss)
 if mparlib.profile() == "full":
@@ -565,14 +569,14 @@ if mparlib.profile() == "full":
 #
 # ## Exercises
 #
-# 1. Switch off one option of the full fast path, e.g. `measure(T.FastPath(**{**step4, "channels_last": False}),
+# 1. Switch off one option of the full fast path, e.g. `measure(fastpath.FastPath(**{**step4, "channels_last": False}),
 #    BIG, N, 1)`. Which option matters most on your device?
 # 2. Compute the arithmetic intensity of every convolution at batch 16 and at batch 1024 with `distinct_convs` and
 #    `conv_cost`. Which layers cross the ridge point of your device, and at which batch size?
 # 3. Profile one step of the fast path as the baseline was profiled above (use `resident_loaders` and
-#    `T.move_batch_fast`). How many operators and, on a GPU, kernel launches remain per step?
-# 4. Train with `fast=T.FastPath(label_smoothing=0.0, warmup=None)` for the same epochs as the full run. How does the
-#    test accuracy change?
+#    `fastpath.move_batch_fast`). How many operators and, on a GPU, kernel launches remain per step?
+# 4. Train with `fast=fastpath.FastPath(label_smoothing=0.0, warmup=None)` for the same epochs as the full run. How
+#    does the test accuracy change?
 # <!-- ja -->
 # リポジトリのベンチマーク `benchmarks/train_throughput.py` は、同じ比較を 1つのスクリプトで、より多くの繰り返しで実行します。同じプロセスの中で FLOP 数を数えてピークを計測し、同じエポック数での精度を確かめ、結果をハードウェアとソフトウェアのバージョンとともに `benchmarks/results/` に書き出します。
 #
@@ -585,7 +589,7 @@ if mparlib.profile() == "full":
 #
 # ## 練習問題
 #
-# 1. 高速パスのオプションを 1つだけ無効にしてみましょう。たとえば `measure(T.FastPath(**{**step4, "channels_last": False}), BIG, N, 1)` です。自分のデバイスでは、どのオプションが最も効きますか。
+# 1. 高速パスのオプションを 1つだけ無効にしてみましょう。たとえば `measure(fastpath.FastPath(**{**step4, "channels_last": False}), BIG, N, 1)` です。自分のデバイスでは、どのオプションが最も効きますか。
 # 2. `distinct_convs` と `conv_cost` を使って、バッチ 16 とバッチ 1024 での各畳み込みの演算強度を計算しましょう。自分のデバイスの屈曲点を越えるのはどの層で、どのバッチサイズからですか。
-# 3. 上でベースラインをプロファイリングしたのと同じ方法で、高速パスの 1ステップをプロファイリングしましょう（`resident_loaders` と `T.move_batch_fast` を使います）。1ステップに残る演算子の数と、GPU ではカーネル起動の回数はいくつですか。
-# 4. `fast=T.FastPath(label_smoothing=0.0, warmup=None)` で、フルプロファイルの実行と同じエポック数だけ訓練しましょう。テスト精度はどう変わりますか。
+# 3. 上でベースラインをプロファイリングしたのと同じ方法で、高速パスの 1ステップをプロファイリングしましょう（`resident_loaders` と `fastpath.move_batch_fast` を使います）。1ステップに残る演算子の数と、GPU ではカーネル起動の回数はいくつですか。
+# 4. `fast=fastpath.FastPath(label_smoothing=0.0, warmup=None)` で、フルプロファイルの実行と同じエポック数だけ訓練しましょう。テスト精度はどう変わりますか。

@@ -92,8 +92,11 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
         return None
 
 
-def _server_env(tmp, token, lab_tool):
-    """The learner's environment minus what would make the run depend on their settings or on pytest."""
+def _server_env(tmp, token, lab_tool, config=None, files=None):
+    """The learner's environment minus what would make the run depend on their settings or on pytest.
+
+    ``config`` is merged into the learner's ``jupyter_server_config.json``; ``files`` (name -> text) are written
+    beside it: the tests use them to play a learner whose own Jupyter config would weaken the login."""
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("PYTEST_", "JUPYTER", "JPY_")) and k not in ("MPARLIB_LANG", "IPYTHONDIR")}
     dirs = {"JUPYTER_CONFIG_DIR": tmp / "config", "JUPYTER_DATA_DIR": tmp / "data",
@@ -104,14 +107,16 @@ def _server_env(tmp, token, lab_tool):
         folder.mkdir(parents=True, exist_ok=True)
         env[name] = str(folder)
     # JupyterLab makes a checkpoint of every notebook it opens; keep those out of the course folders.
-    server_config = {"FileCheckpoints": {"checkpoint_dir": str(tmp / "checkpoints")}}
+    server_config = {"FileCheckpoints": {"checkpoint_dir": str(tmp / "checkpoints")}, **(config or {})}
     (dirs["JUPYTER_CONFIG_DIR"] / "jupyter_server_config.json").write_text(json.dumps(server_config))
+    for name, text in (files or {}).items():
+        (dirs["JUPYTER_CONFIG_DIR"] / name).write_text(text, encoding="utf-8")
     for plugin, values in LAB_SETTINGS.items():
         f = dirs["JUPYTERLAB_SETTINGS_DIR"] / f"{plugin}.jupyterlab-settings"
         f.parent.mkdir(parents=True, exist_ok=True)
         f.write_text(json.dumps(values), encoding="utf-8")
     env["PYDEVD_DISABLE_FILE_VALIDATION"] = "1"  # quiets a debugger notice in the kernel log
-    return lab_tool.environment(env, token=token)
+    return lab_tool.environment(env, token=token, auth_dir=tmp / "auth")
 
 
 def _wait_until_up(proc, runtime_dir, token, log_path):
@@ -188,14 +193,18 @@ def _stop(server):
     return described
 
 
-@pytest.fixture(scope="module")
-def lab_server(tmp_path_factory):
-    """JupyterLab as `make lab` starts it, headless, on 127.0.0.1, a free port and a fresh token."""
+def start_lab(tmp, token=None, config=None, files=None, plain=False):
+    """Start JupyterLab as `make lab` does (headless, 127.0.0.1, a free port) and wait until it answers.
+
+    ``plain=True`` leaves out what the course adds for the login (its command-line options and private config
+    folder): the tests' control case, which shows that a given learner config really weakens a bare server."""
     lab_tool = load_lab_tool()
-    tmp = tmp_path_factory.mktemp("jupyterlab")
-    token = secrets.token_urlsafe(32)
-    env = _server_env(tmp, token, lab_tool)
+    token = token or secrets.token_urlsafe(32)
+    env = _server_env(tmp, token, lab_tool, config, files)
     cmd = lab_tool.command(port=0, browser=False, port_retries=0, expose_app=True)
+    if plain:
+        cmd = [arg for arg in cmd if arg not in lab_tool.AUTH_OPTIONS]
+        del env["JUPYTER_CONFIG_PATH"]  # only the course's private folder is on it (_server_env drops the rest)
     log_path = tmp / "jupyterlab.log"
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=log,
@@ -207,10 +216,54 @@ def lab_server(tmp_path_factory):
         _stop(server)
         raise
     server.url, server.port = info["url"], info["port"]
-    yield server
+    return server
+
+
+def stop_lab(server):
+    """Shut ``server`` down; fail if it or one of its kernels outlived the clean shutdown."""
     stray = _stop(server)
     assert not stray, ("still running after /api/shutdown (now killed): " + "; ".join(stray)
                        + "\nJupyterLab's log:\n" + server.log_tail())
+
+
+@pytest.fixture
+def start_lab_server(tmp_path):
+    """``start(**kwargs)`` starts a server with :func:`start_lab` in a folder of its own; all stop at the end.
+
+    A ``plain=True`` server may have a broken login (that is what it is for), so it is simply stopped, by signal
+    if its API refuses."""
+    started = []
+
+    def start(**kwargs):
+        folder = tmp_path / f"lab{len(started)}"
+        folder.mkdir()
+        started.append((start_lab(folder, **kwargs), kwargs.get("plain", False)))
+        return started[-1][0]
+
+    yield start
+    problems = []
+    for server, plain in started:  # stop every one, even after a failure
+        if plain:
+            try:
+                os.killpg(server.proc.pid, signal.SIGTERM)
+                server.proc.wait(timeout=30)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                pass
+            _stop(server)
+        else:
+            try:
+                stop_lab(server)
+            except AssertionError as e:
+                problems.append(str(e))
+    assert not problems, "\n\n".join(problems)
+
+
+@pytest.fixture(scope="module")
+def lab_server(tmp_path_factory):
+    """JupyterLab as `make lab` starts it, headless, on 127.0.0.1, a free port and a fresh token."""
+    server = start_lab(tmp_path_factory.mktemp("jupyterlab"))
+    yield server
+    stop_lab(server)
 
 
 @pytest.fixture(scope="module")

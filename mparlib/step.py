@@ -1,0 +1,69 @@
+"""One training step in replaceable parts, and the plan that tells the epoch loop which parts to use.
+
+Chapter 05's step is plain SGD on fp32 batches (:func:`classic_plan`); chapter 07's fast path
+(``mparlib.fastpath.plan``) swaps in other parts (another optimizer, bf16 autocast, batches in NHWC layout, a
+compiled model) and hands the same loop, ``mparlib.train.train``, another :class:`StepPlan`.
+Explained in 07_performance.
+"""
+import contextlib
+import functools
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import nn
+
+
+def make_optimizer(net, lr):
+    """The optimiser of chapter 05: plain minibatch SGD. Explained in 07_performance."""
+    return torch.optim.SGD(net.parameters(), lr=lr)
+
+
+def autocast_context(device, dtype=None):
+    """The numeric context of the forward pass: fp32, or ``torch.autocast`` for bf16. Explained in 07_performance."""
+    if dtype is None or dtype == torch.float32:
+        return contextlib.nullcontext()
+    return torch.autocast(torch.device(device).type, dtype=dtype)
+
+
+def move_batch(X, y, device):
+    """Move a batch to the device ``nn.DataParallel`` scatters from (``devices[0]``). Explained in 07_performance."""
+    return X.to(device, non_blocking=True), y.to(device, non_blocking=True)
+
+
+def train_step(net, X, y, loss_fn, optimizer, autocast=contextlib.nullcontext):
+    """One SGD step on a batch: (loss sum, correct, batch size), no device sync. Explained in 05_multi_gpu_resnet."""
+    optimizer.zero_grad(set_to_none=True)
+    with autocast():
+        y_hat = net(X)  # (B, num_classes)
+        loss = loss_fn(y_hat, y)  # mean over the batch
+    loss.backward()
+    optimizer.step()
+    with torch.no_grad():
+        return loss.detach() * len(y), (y_hat.argmax(dim=1) == y).sum(), len(y)
+
+
+@dataclass
+class StepPlan:
+    """How the epoch loop runs one step: what it calls, with which optimizer and numbers. Explained in 07_performance.
+
+    :func:`classic_plan` gives chapter 05's step, ``mparlib.fastpath.plan`` the fast one; the loop is the same.
+    """
+
+    model: nn.Module  # what a step calls: the module, its nn.DataParallel, or a compiled module
+    optimizer: torch.optim.Optimizer
+    loss_fn: nn.Module
+    prepare: Callable  # (X, y, device) -> (X, y) on the device, in the layout the model wants
+    autocast: Callable  # () -> the context manager of the forward pass
+    scheduler: object = None  # stepped after every optimizer step
+    batch_size: int = None  # train on batches of exactly this size only (one compiled graph shape); None: all
+    plot_points: int = 5  # where the loop reads its sums per epoch: plot, NaN check (0: at the epoch's end only)
+    cuda_graphs: bool = False  # mark each step's start for CUDA graphs
+    settings: Callable = contextlib.nullcontext  # () -> context manager around the whole run (e.g. cudnn.benchmark)
+    info: dict = None  # recorded as History.fast
+
+
+def classic_plan(model, device, lr):
+    """Chapter 05's step as a :class:`StepPlan`: SGD, cross-entropy, fp32. Explained in 07_performance."""
+    return StepPlan(model=model, optimizer=make_optimizer(model, lr), loss_fn=nn.CrossEntropyLoss(),
+                    prepare=move_batch, autocast=functools.partial(autocast_context, device))

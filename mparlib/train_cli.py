@@ -1,0 +1,187 @@
+"""``python -m mparlib.train``: the chapter-05 experiment from a terminal. Explained in 05_multi_gpu_resnet.
+
+Trains the course's ResNet-18 on Fashion-MNIST with :func:`mparlib.train.train` and writes the live plot and the
+history. Nothing is written into the current folder unasked: without ``--plot`` the files go into a new run folder
+``runs/train-YYYYmmdd-HHMMSS/``, and a file named by ``--plot`` or ``--json`` is never replaced without
+``--overwrite``. Course errors end with ``error: ...`` and exit code 2; any other exception shows its traceback.
+"""
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from . import devices as _devices
+from .errors import ConfigError, MparlibError
+from .lang import tr
+from .models import resnet18
+from .train import _make_animator, train
+
+
+SMOKE = dict(subset=(1280, 256), num_epochs=1, batch_size=16, lr=0.05)  # the notebook's quick check on a CPU
+FULL = dict(subset=None, num_epochs=10, batch_size=256, lr=0.1)  # d2l's one-GPU run
+PLOT_NAME, HISTORY_NAME = "resnet18_fashion_mnist.png", "history.json"  # the files of a run folder
+
+
+def _positive(kind):
+    """An argparse type: a positive, finite number of type ``kind`` (``nan``, ``inf``, ``0`` are refused)."""
+    def parse(text):
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        if value is None or not (math.isfinite(value) and value > 0):
+            what = tr("a positive integer", "正の整数") if kind is int else tr("a positive, finite number", "正の有限の数")
+            raise argparse.ArgumentTypeError(tr(f"{text!r} is not {what}", f"{text!r} は{what}ではありません"))
+        return value
+
+    return parse
+
+
+def _parser(defaults):
+    ap = argparse.ArgumentParser(
+        prog="python -m mparlib.train",
+        description="Train the course's ResNet-18 on Fashion-MNIST on one or several GPUs "
+                    "(chapter 05_multi_gpu_resnet) and write the live plot and the history. Defaults follow the "
+                    f"course profile (now {_devices.profile()!r}; set MPARLIB_PROFILE=smoke|full to change it).",
+        epilog="d2l's two runs: `--gpus 1 --batch-size 256 --lr 0.1` and `--gpus 2 --batch-size 512 --lr 0.2`. "
+               "Without --plot, the files go into a new folder runs/train-YYYYmmdd-HHMMSS/ of the current folder.")
+    ap.add_argument("--gpus", type=_positive(int), default=None,
+                    help="number of GPUs to use (error if fewer exist); default: all GPUs, or the CPU without one")
+    ap.add_argument("--cpu", action="store_true", help="train on the CPU even if GPUs exist")
+    ap.add_argument("--batch-size", type=_positive(int), default=defaults["batch_size"],
+                    help="global batch size, split over the GPUs (default: %(default)s)")
+    ap.add_argument("--lr", type=_positive(float), default=defaults["lr"],
+                    help="SGD learning rate (default: %(default)s)")
+    ap.add_argument("--epochs", type=_positive(int), default=defaults["num_epochs"],
+                    help="number of epochs (default: %(default)s)")
+    ap.add_argument("--subset", type=_positive(int), nargs="*", default=None, metavar="N",
+                    help="train on the first N images (and N//6 test images), or give N_TRAIN N_TEST; "
+                         f"default: {defaults['subset'] or 'all 60,000 / 10,000'}")
+    ap.add_argument("--data", default=None, help="folder holding the Fashion-MNIST files (default: searched)")
+    ap.add_argument("--plot", default=None,
+                    help=f"PNG file for the plot (default: {PLOT_NAME} in a new run folder under runs/)")
+    ap.add_argument("--json", default=None,
+                    help=f"JSON file for the history (default: {HISTORY_NAME} in the run folder, or none with --plot)")
+    ap.add_argument("--overwrite", action="store_true", help="replace --plot/--json files that already exist")
+    ap.add_argument("--seed", type=int, default=0, help="random seed of the weights and the data order (default: 0)")
+    ap.add_argument("--fast", action="store_true",
+                    help="the fast path of 07_performance on one device (the first GPU, or the CPU): resident data, "
+                         "channels_last, bf16 where native, fused SGD with momentum and a warm-up + cosine schedule, "
+                         "torch.compile on GPUs")
+    return ap
+
+
+def _cli_devices(ap, args):
+    """The devices of the command line, or a usage error saying which option to change."""
+    if args.gpus is not None and args.cpu:
+        ap.error(tr("use either --gpus N or --cpu", "--gpus N と --cpu のどちらか一方を指定してください"))
+    if args.fast and (args.gpus or 1) > 1:
+        ap.error(tr(f"--fast trains on one device; use --gpus 1 (or leave it out), not --gpus {args.gpus}",
+                    f"--fast は 1つのデバイスで訓練します。--gpus {args.gpus} ではなく --gpus 1 にするか、省いてください"))
+    have = _devices.num_gpus()
+    if args.gpus is not None and args.gpus > have:
+        fix = (tr(f"use --gpus {have} or fewer, or --cpu", f"--gpus {have} 以下にするか --cpu を指定してください") if have
+               else tr("use --cpu, or leave --gpus out", "--cpu を指定するか --gpus を省いてください"))
+        ap.error(tr(f"--gpus {args.gpus}: PyTorch sees {have} GPU(s) on this machine; {fix}",
+                    f"--gpus {args.gpus}: このマシンで PyTorch から見える GPU は {have}枚です。{fix}"))
+    if args.cpu:
+        devices = [torch.device("cpu")]
+    elif args.gpus is not None:
+        devices = _devices.require_gpus(args.gpus)
+    else:
+        devices = _devices.try_all_gpus()
+    return devices[:1] if args.fast else devices
+
+
+def _check_outputs(ap, args):
+    """Refuse --plot/--json files that would replace something (unless --overwrite) or collide."""
+    paths = [(option, Path(p)) for option, p in (("--plot", args.plot), ("--json", args.json)) if p]
+    if len(paths) == 2 and paths[0][1].resolve() == paths[1][1].resolve():
+        ap.error(tr(f"--plot and --json name the same file {paths[0][1]}; give two file names",
+                    f"--plot と --json が同じファイル {paths[0][1]} を指しています。別々のファイル名を指定してください"))
+    for option, path in paths:
+        if path.is_dir():
+            ap.error(tr(f"{option} {path} is a folder; give a file name inside it",
+                        f"{option} {path} はフォルダです。その中のファイル名を指定してください"))
+        if path.exists() and not args.overwrite:
+            ap.error(tr(f"{path} exists; choose another {option} file or pass --overwrite to replace it",
+                        f"{path} はすでにあります。別の {option} ファイルを指定するか、置き換えるなら --overwrite を"
+                        "付けてください"))
+
+
+def _new_run_folder(base="runs"):
+    """A new, empty folder ``runs/train-YYYYmmdd-HHMMSS`` (``-2``, ``-3``, ... when taken): never an old one.
+
+    Returns the folder and the folders made for it (to remove again if the run writes nothing).
+    """
+    base = Path(base)
+    made = [] if base.is_dir() else [base]
+    if base.exists() and not base.is_dir():
+        raise ConfigError(tr(f"{base} is a file, so no run folder can be made in it; pass --plot FILE (and --json "
+                             "FILE) to say where the results go.",
+                             f"{base} はファイルなので、その中に実行フォルダを作れません。--plot FILE（と --json FILE）"
+                             "で結果の書き込み先を指定してください。"))
+    base.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for k in range(1, 10_000):
+        folder = base / (f"train-{stamp}" if k == 1 else f"train-{stamp}-{k}")
+        try:
+            folder.mkdir()  # atomic: two runs never get the same folder
+            return folder, [folder] + made
+        except FileExistsError:
+            continue
+    raise ConfigError(f"{base}: no free run-folder name for {stamp}")
+
+
+def main(argv=None):
+    """``python -m mparlib.train``: train ResNet-18, write its plot and history. Explained in 05_multi_gpu_resnet.
+
+    Returns the exit code: 0 when done, 2 for a course error (printed as ``error: ...``), 130 when interrupted.
+    Any other exception is a bug and shows its traceback.
+    """
+    from .files import atomic_write_bytes
+
+    try:
+        defaults = FULL if _devices.profile() == "full" else SMOKE
+    except MparlibError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    ap = _parser(defaults)
+    args = ap.parse_args(argv)
+    devices = _cli_devices(ap, args)
+    _check_outputs(ap, args)
+    if args.subset is not None and len(args.subset) not in (1, 2):
+        ap.error(tr("--subset takes N or N_TRAIN N_TEST", "--subset には N か N_TRAIN N_TEST を指定してください"))
+    subset = defaults["subset"] if args.subset is None else (args.subset[0] if len(args.subset) == 1 else
+                                                             tuple(args.subset))
+    plot, history_path, run, made = args.plot, args.json, None, []
+    try:
+        if plot is None:
+            run, made = _new_run_folder()
+            plot, history_path = run / PLOT_NAME, history_path or run / HISTORY_NAME
+            print(tr(f"run folder: {run}", f"実行フォルダ: {run}"), flush=True)
+        torch.manual_seed(args.seed)
+        history = train(resnet18(10), devices, batch_size=args.batch_size, lr=args.lr, num_epochs=args.epochs,
+                        data=dict(subset=subset, root=args.data, shuffle_seed=args.seed),
+                        animator=_make_animator(args.epochs, path=plot), progress=None, fast=args.fast or None)
+    except (MparlibError, KeyboardInterrupt) as e:
+        done = getattr(e, "history", None)  # a diverged run: the epochs finished before it
+        if done is not None and done.epochs and history_path:
+            atomic_write_bytes(history_path, (json.dumps(done.to_dict(), indent=1) + "\n").encode())
+        for folder in made:  # leave no empty run folder behind
+            if not any(folder.iterdir()):
+                folder.rmdir()
+        if isinstance(e, KeyboardInterrupt):
+            print(tr("Interrupted before the first epoch started.", "最初のエポックが始まる前に中断しました。"),
+                  file=sys.stderr)
+            return 130
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if history_path:
+        atomic_write_bytes(history_path, (json.dumps(history.to_dict(), indent=1) + "\n").encode())
+    print(f"plot: {plot}" + (f", history: {history_path}" if history_path else ""))
+    return 130 if history.interrupted else 0

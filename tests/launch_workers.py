@@ -1,0 +1,80 @@
+"""Worker functions for the launcher's tests: importable by the spawned processes (the tests folder is on sys.path)."""
+import os
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+
+def one_step(x, y, lr=0.1, seed=0, model="mlp"):
+    """One SGD step of DDP where rank r trains on its contiguous slice of ``x, y``; returns the new parameters."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from mparlib.ddp import make_model
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(seed)
+    net = make_model(model)
+    ddp_net = DDP(net)
+    share = len(y) // world
+    xs, ys = x[rank * share:(rank + 1) * share], y[rank * share:(rank + 1) * share]
+    optimizer = torch.optim.SGD(ddp_net.parameters(), lr=lr)
+    nn.functional.cross_entropy(ddp_net(xs), ys).backward()
+    optimizer.step()
+    return {k: v.detach().clone() for k, v in net.state_dict().items()}
+
+
+def rank_sum(offset=0):
+    """All-reduce (rank + offset) over the group; every rank returns the sum."""
+    t = torch.tensor([float(dist.get_rank() + offset)])
+    dist.all_reduce(t)
+    print(f"rank {dist.get_rank()}: sum {t.item():g}", flush=True)
+    return t.item()
+
+
+def echo_arguments(*args, **kwargs):
+    """Return what the worker received: the launcher's own option names must reach it untouched."""
+    return {"args": args, "kwargs": kwargs, "rank": dist.get_rank(), "world": dist.get_world_size()}
+
+
+def failing(rank_that_fails=1):
+    """Rank ``rank_that_fails`` raises after printing a line; the others wait in a barrier."""
+    if dist.get_rank() == rank_that_fails:
+        print("about to fail", flush=True)
+        raise ValueError(f"rank {rank_that_fails} cannot go on")
+    dist.barrier()
+
+
+def course_error():
+    """Rank 1 raises one of the course's errors: it must come back as that class and message."""
+    from mparlib.errors import ConfigError
+
+    if dist.get_rank() == 1:
+        raise ConfigError("epochs=0: use an int >= 1.")
+    dist.barrier()
+
+
+def killed_mid_run(victim=1):
+    """Rank ``victim`` prints, then is killed by SIGKILL while the others wait in a collective."""
+    if dist.get_rank() == victim:
+        print("working on step 3", flush=True)
+        time.sleep(0.2)
+        os.kill(os.getpid(), 9)
+    dist.barrier()
+
+
+def sleeper(folder):
+    """Write this rank's pid into ``folder`` and then wait forever (for the orphan tests)."""
+    Path(folder, f"rank{dist.get_rank()}.pid").write_text(str(os.getpid()))
+    while True:
+        time.sleep(0.1)
+
+
+def skips_collective(timeout_expected=True):
+    """Rank 1 skips an all-reduce that rank 0 enters: rank 0 waits until the group's timeout."""
+    if dist.get_rank() == 0:
+        dist.all_reduce(torch.ones(1))
+    else:
+        time.sleep(30)

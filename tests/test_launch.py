@@ -1,0 +1,205 @@
+"""mparlib.launch: N processes from Python or a notebook, results back, failures named, and no rank left behind.
+
+The workers live in tests/launch_workers.py, which the spawned processes import like any module. Every run is tiny
+(gloo on the CPU, one thread per process); the orphan tests kill the launcher in the three ways a learner's machine
+does (SIGKILL, SIGTERM, a restarted notebook kernel) and check that no rank outlives it by more than 10 s.
+"""
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from launch_workers import (course_error, echo_arguments, failing, killed_mid_run, rank_sum, skips_collective)
+from mparlib import launch, rendezvous
+from mparlib.errors import ConfigError, WorkerFailed
+
+TESTS = Path(__file__).resolve().parent
+ROOT = TESTS.parent
+
+
+@pytest.fixture(autouse=True)
+def english(monkeypatch):
+    monkeypatch.setenv("MPARLIB_LANG", "en")
+
+
+def test_every_rank_takes_part_and_rank_0s_result_comes_back(capsys):
+    assert launch.launch(rank_sum, 3, args=(10,)) == 0 + 1 + 2 + 3 * 10
+    out = capsys.readouterr().out
+    assert out.splitlines() == ["rank 0: sum 33"]  # rank 0's lines are echoed; the others stay in their logs
+
+
+def test_launcher_options_never_shadow_the_workers_arguments():
+    got = launch.launch(echo_arguments, 2, args=(1, "two"), kwargs={"port": 5, "backend": "mine", "echo": "x"},
+                        echo=False)
+    assert got == {"args": (1, "two"), "kwargs": {"port": 5, "backend": "mine", "echo": "x"}, "rank": 0, "world": 2}
+
+
+def test_logs_are_kept_per_rank_and_appended(tmp_path):
+    for _ in range(2):
+        launch.launch(rank_sum, 2, log_dir=tmp_path, echo=False)
+    assert (tmp_path / "rank1.log").read_text().count("rank 1: sum 1") == 2
+
+
+def test_a_failing_rank_is_named_with_the_end_of_its_log_and_the_others_stopped():
+    t = time.monotonic()
+    with pytest.raises(WorkerFailed) as e:
+        launch.launch(failing, 3, args=(1,), echo=False)
+    message = str(e.value)
+    assert message.startswith("rank 1 failed with ValueError: rank 1 cannot go on; the other processes were stopped")
+    assert "about to fail" in message and "Traceback" in message  # the end of rank 1's own log
+    assert time.monotonic() - t < 60
+
+
+def test_a_course_error_in_a_worker_comes_back_as_itself():
+    with pytest.raises(ConfigError, match=r"^epochs=0: use an int >= 1\.$"):
+        launch.launch(course_error, 2, echo=False)
+
+
+def test_a_rank_killed_by_a_signal_is_the_cause_and_its_log_is_shown():
+    with pytest.raises(WorkerFailed, match=r"(?s)^rank 1 was killed by signal SIGKILL.*working on step 3"):
+        launch.launch(killed_mid_run, 2, args=(1,), echo=False)
+
+
+def test_a_collective_that_one_rank_skips_ends_at_the_timeout():
+    t = time.monotonic()
+    with pytest.raises(WorkerFailed, match="rank 0 failed with"):
+        launch.launch(skips_collective, 2, timeout=3, echo=False)
+    assert time.monotonic() - t < 25
+
+
+@pytest.mark.parametrize("bad, match", [
+    (dict(nproc=0), "nproc=0"), (dict(nproc=2.0), "nproc=2.0"), (dict(nproc=True), "nproc=True"),
+    (dict(args=5), "args=5"), (dict(kwargs=[1]), r"kwargs=\[1\]"), (dict(timeout=-1), "timeout=-1"),
+    (dict(timeout=float("nan")), "timeout=nan"), (dict(backend="mpi"), "backend='mpi'"),
+])
+def test_bad_arguments_are_refused_before_any_process_starts(bad, match):
+    call = dict(nproc=2) | bad
+    with pytest.raises(ConfigError, match=match):
+        launch.launch(rank_sum, call.pop("nproc"), **call)
+
+
+def test_too_many_cpu_processes_for_this_machine_are_refused():
+    many = launch._max_cpu_processes() + 1
+    with pytest.raises(ConfigError, match=f"{many} processes .* CPU core"):
+        launch.launch(rank_sum, many, backend="gloo")
+
+
+def test_describe_says_where_the_ranks_run(monkeypatch):
+    monkeypatch.setattr(rendezvous, "num_gpus", lambda: 0)
+    assert launch.describe(2) == "2 processes on the CPU with gloo (this machine has no GPU)."
+    monkeypatch.setattr(rendezvous, "num_gpus", lambda: 1)
+    monkeypatch.setattr(rendezvous.dist, "is_nccl_available", lambda: True)
+    assert "nccl needs one GPU per process and this machine has 1" in launch.describe(4)
+    assert launch.describe(1) == "1 process, one per GPU, with nccl."
+    assert launch.choose_backend("auto", 1) == "nccl" and launch.choose_backend("auto", 2) == "gloo"
+
+
+# ------------------------------------------------------------------------------------------------ no orphans
+
+def _child_env():
+    env = {k: v for k, v in os.environ.items() if k not in launch.RENDEZVOUS_VARS}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS), str(ROOT), env.get("PYTHONPATH")]))
+    env.update(OMP_NUM_THREADS="1", MPARLIB_LANG="en")
+    return env
+
+
+def _wait_for_pids(folder, n, deadline=120):
+    end = time.monotonic() + deadline
+    while time.monotonic() < end:
+        files = sorted(Path(folder).glob("rank*.pid"))
+        if len(files) == n and all(f.read_text() for f in files):
+            return [int(f.read_text()) for f in files]
+        time.sleep(0.1)
+    raise AssertionError(f"the ranks did not start within {deadline} s")
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie (ended, not yet reaped by its new parent) does not run any more
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _gone_within(pids, seconds=10.0):
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if not any(_alive(p) for p in pids):
+            return True
+        time.sleep(0.1)
+    for p in pids:  # clean up before failing
+        if _alive(p):
+            os.kill(p, signal.SIGKILL)
+    return False
+
+
+LAUNCHER = ("import sys; from launch_workers import sleeper; from mparlib.launch import launch; "
+            "launch(sleeper, 2, args=(sys.argv[1],))")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_no_rank_outlives_a_killed_launcher(tmp_path, sig):
+    proc = subprocess.Popen([sys.executable, "-c", LAUNCHER, str(tmp_path)], env=_child_env(),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        pids = _wait_for_pids(tmp_path, 2)
+        proc.send_signal(sig)
+        proc.wait(timeout=30)
+        assert _gone_within(pids), f"ranks {pids} still ran 10 s after the launcher got {sig.name}"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_no_rank_outlives_a_restarted_notebook_kernel(tmp_path):
+    from jupyter_client.manager import start_new_kernel
+
+    km, kc = start_new_kernel(kernel_name="python3", cwd=str(tmp_path), env=_child_env())
+    try:
+        kc.execute(f"import sys; sys.path[:0] = [{str(TESTS)!r}, {str(ROOT)!r}]\n" + LAUNCHER.replace(
+            "sys.argv[1]", repr(str(tmp_path))))  # the launch runs on; the test restarts the kernel under it
+        pids = _wait_for_pids(tmp_path, 2)
+        km.restart_kernel(now=True)
+        assert _gone_within(pids), f"ranks {pids} still ran 10 s after the kernel restarted"
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+
+
+def test_a_notebook_defines_its_worker_with_the_worker_magic(tmp_path):
+    import nbformat
+    from nbclient import NotebookClient
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(src) for src in (
+        "%load_ext mparlib.launch",
+        "%%worker my_workers\nimport torch.distributed as dist\n\n\ndef times_rank(k):\n    return [dist.get_rank() * k]\n",
+        "from my_workers import times_rank\nfrom mparlib.launch import launch\nprint(launch(times_rank, 2, args=(7,)))",
+        "%%worker my_workers\nimport torch.distributed as dist\n\n\ndef times_rank(k):\n    return [dist.get_rank() + k]\n",
+        "from my_workers import times_rank\nprint(launch(times_rank, 2, args=(7,)))",
+        "import os, my_workers\nprint(str(tmp) in my_workers.__file__ or os.listdir(tmp))".replace("tmp", repr(str(tmp_path))),
+    )]
+    NotebookClient(nb, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
+    texts = ["".join(o.get("text", "") for o in c.outputs) for c in nb.cells]
+    assert texts[:2] == ["", ""]  # the magic prints nothing
+    assert texts[2] == "[0]\n" and texts[4] == "[7]\n"  # rank 0's result; the edited cell replaced the module
+    assert texts[5] == "[]\n"  # nothing was written into the notebook's folder
+
+
+def test_worker_names_that_would_hide_a_module_are_refused():
+    from mparlib.workers import write_worker
+
+    for name in ("torch", "json", "not a name", "class"):
+        with pytest.raises(ConfigError):
+            write_worker(name, "x = 1\n")
+    module = write_worker("mparlib_test_worker_ok", "def f():\n    return 3\n")
+    assert module.f() == 3
+    assert torch.__name__ == "torch"

@@ -1,0 +1,320 @@
+"""tools/notebooks.py: how a chapter source becomes two notebooks, and what a hosted notebook's first cell does."""
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jupytext
+import nbformat
+import pytest
+from packaging.requirements import Requirement
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+try:
+    import links
+    import notebooks as builder
+finally:
+    sys.path.pop(0)
+
+REPO = ("course-owner", "course-repo", "main")
+MD = "# %% [markdown]\n# <!-- en -->\n# {en}\n# <!-- ja -->\n# {ja}\n"
+
+
+def source(tmp_path, text, name="00_tiny"):
+    path = tmp_path / "src" / f"{name}.py"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def error_of(tmp_path, text):
+    with pytest.raises(builder.SourceError) as info:
+        builder.parse(source(tmp_path, text))
+    return str(info.value)
+
+
+# --- reading the percent format -----------------------------------------------------------------------------------
+
+def test_a_titled_cell_marker_starts_a_new_cell(tmp_path):
+    cells = builder.parse(source(tmp_path, "# %%\nx = 1\n\n# %% Load the data\ny = 2\n"))
+    assert [(c.kind, c.body, c.meta, c.line) for c in cells] == [
+        ("code", "x = 1", {}, 1), ("code", "y = 2", {"title": "Load the data"}, 4)]
+
+
+def test_tags_and_markdown_cells(tmp_path):
+    text = MD.format(en="Hello", ja="こんにちは") + '\n# %% tags=["nbval-ignore-output", "raises-exception"]\n1 / 0\n'
+    cells = builder.parse(source(tmp_path, text))
+    assert cells[0] == builder.Cell("markdown", {"en": "Hello", "ja": "こんにちは"}, {}, 1)
+    assert cells[1] == builder.Cell("code", "1 / 0", {"tags": ["nbval-ignore-output", "raises-exception"]}, 7)
+
+
+def test_a_cell_marker_inside_a_string_is_not_a_cell(tmp_path):
+    cells = builder.parse(source(tmp_path, '# %%\ns = """\n# %% not a cell\n"""\n\n# %%\nt = 2\n'))
+    assert [c.body for c in cells] == ['s = """\n# %% not a cell\n"""', "t = 2"]
+    assert [c.line for c in cells] == [1, 6]
+
+
+def test_raw_cells_are_refused_with_their_line(tmp_path):
+    message = error_of(tmp_path, "# %%\nx = 1\n\n# %% [raw]\nsome text\n")
+    assert "00_tiny.py:4:" in message and "raw cell" in message
+
+
+def test_a_cell_that_is_inactive_in_notebooks_counts_as_raw(tmp_path):
+    assert "00_tiny.py:1: a raw cell" in error_of(tmp_path, '# %% active="py"\nx = 1\n')
+
+
+def test_unknown_cell_options_are_refused(tmp_path):
+    message = error_of(tmp_path, "# %%\nx = 1\n# %% colour=\"red\"\ny = 2\n")
+    assert "00_tiny.py:3:" in message and "colour" in message
+
+
+def test_a_second_english_part_is_refused_with_both_lines(tmp_path):
+    text = "# %% [markdown]\n# <!-- en -->\n# one\n# <!-- en -->\n# two\n# <!-- ja -->\n# 三\n"
+    message = error_of(tmp_path, text)
+    assert "00_tiny.py:4: a second <!-- en --> marker" in message and "line 2" in message
+
+
+def test_a_missing_japanese_part_is_refused(tmp_path):
+    message = error_of(tmp_path, "# %%\nx = 1\n\n# %% [markdown]\n# <!-- en -->\n# only English\n")
+    assert "00_tiny.py:4:" in message and "no <!-- ja --> part" in message
+
+
+def test_an_empty_part_is_refused(tmp_path):
+    message = error_of(tmp_path, "# %% [markdown]\n# <!-- en -->\n# text\n# <!-- ja -->\n#\n")
+    assert "00_tiny.py:4:" in message and "empty" in message
+
+
+def test_text_before_the_first_language_marker_is_refused(tmp_path):
+    message = error_of(tmp_path, "# %% [markdown]\n#\n# stray words\n# <!-- en -->\n# a\n# <!-- ja -->\n# b\n")
+    assert "00_tiny.py:3: markdown text before" in message and "stray words" in message
+
+
+def test_text_before_the_first_cell_marker_is_refused(tmp_path):
+    message = error_of(tmp_path, "import os\n\n# %%\nx = 1\n")
+    assert "00_tiny.py:1: text before the first '# %%'" in message
+
+
+def test_leading_blank_lines_are_fine(tmp_path):
+    assert [c.body for c in builder.parse(source(tmp_path, "\n\n# %%\nx = 1\n"))] == ["x = 1"]
+
+
+def test_a_notebook_header_is_refused(tmp_path):
+    text = "# ---\n# jupyter:\n#   kernelspec:\n#     name: other\n#     display_name: Other\n# ---\n\n# %%\nx = 1\n"
+    assert "00_tiny.py:1: a notebook header" in error_of(tmp_path, text)
+
+
+def test_magics_reach_the_notebook_whether_commented_or_not(tmp_path):
+    text = ("# %%\n# %load_ext mparlib.launch\n\n# %%\n%load_ext mparlib.launch\n\n"
+            "# %%\n# %%worker my_workers\nimport os\n\n# %%\n%%worker my_workers\nimport os\n\n"
+            "# %%\n# # %time is only a comment here\nx = 1\n")
+    cells = builder.parse(source(tmp_path, text))
+    assert [c.body for c in cells] == ["%load_ext mparlib.launch", "%load_ext mparlib.launch",
+                                      "%%worker my_workers\nimport os", "%%worker my_workers\nimport os",
+                                      "# %time is only a comment here\nx = 1"]
+    en, ja = (builder.notebook(cells, lang, "00_tiny", repo=None) for lang in ("en", "ja"))
+    assert [c.source for c in en.cells if c.cell_type == "code"] == [c.source for c in ja.cells
+                                                                       if c.cell_type == "code"]
+    # jupytext writes the magics commented (the spelling the sources use) and reads them back unchanged.
+    text_again = jupytext.writes(en, fmt="py:percent")
+    assert "\n# %load_ext mparlib.launch\n" in text_again and "\n# %%worker my_workers\n" in text_again
+    assert [c.source for c in jupytext.reads(text_again, fmt="py:percent").cells] == [c.source for c in en.cells]
+
+
+def test_every_chapter_source_parses_and_keeps_its_cells_in_order():
+    for name in builder.chapters():
+        cells = builder.parse(builder.SRC / f"{name}.py")
+        assert cells and cells[0].kind == "markdown", name
+        assert [c.line for c in cells] == sorted(c.line for c in cells), name
+
+
+# --- the generated notebook ---------------------------------------------------------------------------------------
+
+def test_notebooks_use_the_course_kernel_and_start_with_the_install_cell(tmp_path):
+    cells = builder.parse(source(tmp_path, MD.format(en="Hi", ja="やあ") + "\n# %%\nx = 1\n"))
+    nb = builder.notebook(cells, "en", "00_tiny", repo=None)
+    assert nb.metadata["kernelspec"] == {"name": "mparlib", "display_name": "Python (mparlib)", "language": "python"}
+    assert [(c.cell_type, c.id) for c in nb.cells] == [("code", "course-install"), ("markdown", "c000"),
+                                                       ("code", "c001")]
+    assert nb.cells[0].source == builder.install_cell_source(None)
+    nbformat.validate(nb)
+
+
+@pytest.mark.parametrize("lang, words", [("en", ["Open in Colab", "Open in Kaggle"]),
+                                         ("ja", ["Colab で開く", "Kaggle で開く"])])
+def test_a_configured_repository_adds_links_to_the_notebooks_own_path(tmp_path, lang, words):
+    cells = builder.parse(source(tmp_path, MD.format(en="Hi", ja="やあ") + "\n# %%\nx = 1\n"))
+    nb = builder.notebook(cells, lang, "00_tiny", repo=REPO)
+    first = nb.cells[0]
+    assert first.cell_type == "markdown" and first.metadata["tags"] == [builder.LINKS_TAG]
+    urls = links.hosted_links(REPO, f"notebooks/{lang}/00_tiny.ipynb")
+    for word, url in zip(words, (urls["colab"], urls["kaggle"])):
+        assert f"[{word}]({url})" in first.source
+    assert nb.cells[1].source == builder.install_cell_source(REPO)
+    other = builder.notebook(cells, "ja" if lang == "en" else "en", "00_tiny", repo=REPO)
+    assert [c.source for c in nb.cells if c.cell_type == "code"] == [c.source for c in other.cells
+                                                                      if c.cell_type == "code"]
+
+
+def test_check_finds_a_notebook_with_another_kernel(tmp_path):
+    src = source(tmp_path, "# %%\nx = 1\n")
+    out = tmp_path / "out"
+    for lang in builder.LANGS:
+        (out / lang).mkdir(parents=True)
+    builder.build(["00_tiny"], run=False, src=src.parent, out=out, repo=None)
+    assert builder.check(["00_tiny"], src=src.parent, out=out, repo=None) == []
+    path = out / "en" / "00_tiny.ipynb"
+    nb = nbformat.read(path, as_version=4)
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
+    nbformat.write(nb, path)
+    problems = builder.check(["00_tiny"], src=src.parent, out=out, repo=None)
+    assert len(problems) == 1 and "en/00_tiny.ipynb is out of step" in problems[0]
+
+
+# --- the install cell's logic, offline ----------------------------------------------------------------------------
+
+@pytest.fixture
+def cell_world(monkeypatch, tmp_path):
+    """Run the install cell as a kernel would, with ``mparlib`` importable or not and pip replaced by a recorder."""
+    calls = []
+    real_find_spec = importlib.util.find_spec
+
+    def run(repo, *, importable=False, colab=False, kaggle=False, folder="elsewhere"):
+        monkeypatch.setattr(importlib.util, "find_spec",
+                            lambda name, *a: real_find_spec(name, *a) if importable or name != "mparlib" else None)
+        monkeypatch.setattr(subprocess, "run", lambda cmd, **kw: calls.append((cmd, kw)))
+        if colab:
+            monkeypatch.setitem(sys.modules, "google.colab", type(sys)("google.colab"))
+        else:
+            monkeypatch.delitem(sys.modules, "google.colab", raising=False)
+        if kaggle:
+            monkeypatch.setenv("KAGGLE_KERNEL_RUN_TYPE", "Interactive")
+        else:
+            monkeypatch.delenv("KAGGLE_KERNEL_RUN_TYPE", raising=False)
+        cwd = tmp_path / folder
+        cwd.mkdir(parents=True, exist_ok=True)
+        monkeypatch.chdir(cwd)
+        exec(compile(builder.install_cell_source(repo), "<install cell>", "exec"), {})
+        return calls
+
+    run.calls = calls
+    return run
+
+
+@pytest.mark.parametrize("host", ["colab", "kaggle"])
+def test_on_a_hosted_runtime_the_cell_installs_the_course_from_the_repository(cell_world, host):
+    calls = cell_world(REPO, **{host: True})
+    pip = [sys.executable, "-m", "pip", "install", "--quiet"]
+    assert [cmd for cmd, _ in calls] == [pip + ["mparlib @ git+https://github.com/course-owner/course-repo.git@main"],
+                                         pip + ["--no-deps", "d2l==1.0.3"]]
+    assert all(kw.get("check") is True for _, kw in calls), "a failed pip must stop the notebook"
+    requirement = Requirement(calls[0][0][-1])
+    assert requirement.name == "mparlib" and requirement.url == "git+" + links.clone_url(REPO) + "@main"
+
+
+@pytest.mark.parametrize("repo", [REPO, None])
+def test_where_mparlib_imports_the_cell_does_nothing(cell_world, capsys, repo):
+    assert cell_world(repo, importable=True, colab=True) == []
+    assert capsys.readouterr() == ("", "")
+
+
+@pytest.mark.parametrize("folder, words", [("notebooks/en", "Run make lab"), ("elsewhere", "Run make lab"),
+                                           ("notebooks/ja", "make lab を実行")])
+@pytest.mark.parametrize("repo", [REPO, None])
+def test_outside_colab_and_kaggle_the_cell_explains_how_to_install(cell_world, repo, folder, words):
+    with pytest.raises(ModuleNotFoundError, match=words):
+        cell_world(repo, folder=folder)
+    assert cell_world.calls == [], "nothing is installed outside Colab and Kaggle"
+
+
+def test_without_a_repository_even_colab_gets_the_explanation(cell_world):
+    with pytest.raises(ModuleNotFoundError, match="make lab"):
+        cell_world(None, colab=True, kaggle=True)
+    assert cell_world.calls == []
+
+
+# --- writing and executing ----------------------------------------------------------------------------------------
+
+def test_write_replaces_the_file_in_one_step(tmp_path, monkeypatch):
+    path = tmp_path / "00_tiny.ipynb"
+    path.write_text("the stored notebook", encoding="utf-8")
+    nb = builder.notebook(builder.parse(source(tmp_path, "# %%\nx = 1\n")), "en", "00_tiny", repo=None)
+
+    def broken_rename(src, dst):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "replace", broken_rename)
+    with pytest.raises(OSError, match="disk full"):
+        builder.write(nb, path)
+    assert path.read_text(encoding="utf-8") == "the stored notebook"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["00_tiny.ipynb", "src"], "a temporary file was left"
+    monkeypatch.undo()
+    nb.cells[0].source = 42  # not a notebook any more: refused before anything is written
+    with pytest.raises(nbformat.ValidationError):
+        builder.write(nb, path)
+    assert path.read_text(encoding="utf-8") == "the stored notebook"
+    nb.cells[0].source = "x = 1"
+    builder.write(nb, path)
+    assert json.loads(path.read_text(encoding="utf-8"))["cells"][1]["source"] == "x = 1"
+    assert path.stat().st_mode & 0o044 == 0o044 & ~_umask(), "the new notebook is readable like any new file"
+
+
+def _umask():
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def test_a_missing_course_kernel_is_explained(tmp_path, monkeypatch):
+    monkeypatch.setattr(builder, "kernel_available", lambda name=builder.KERNEL_NAME: False)
+    nb = builder.notebook(builder.parse(source(tmp_path, "# %%\nx = 1\n")), "en", "00_tiny", repo=None)
+    with pytest.raises(builder.BuildError, match="make install"):
+        builder.execute(nb, tmp_path)
+
+
+TINY = MD.format(en="Where am I?", ja="ここはどこ?") + """
+# %%
+# %%capture captured
+print("hidden")
+
+# %%
+import os, pathlib
+print(pathlib.Path.cwd().name, captured.stdout.strip(), os.environ.get("MPARLIB_QUIET"))
+"""
+
+
+def _editions(tmp_path, text):
+    src = source(tmp_path, text)
+    out = tmp_path / "out"
+    for lang in builder.LANGS:
+        (out / lang).mkdir(parents=True)
+        (out / lang / "00_tiny.ipynb").write_text(f"stored {lang}", encoding="utf-8")
+    return src.parent, out
+
+
+def test_a_failure_in_the_japanese_edition_leaves_both_notebooks_untouched(tmp_path):
+    text = TINY + '\n# %%\nassert pathlib.Path.cwd().name != "ja", "only the Japanese edition fails"\n'
+    src, out = _editions(tmp_path, text)
+    with pytest.raises(builder.BuildError) as info:
+        builder.build(["00_tiny"], src=src, out=out, repo=None, timeout=120)
+    message = str(info.value)
+    assert message.startswith("ja/00_tiny.ipynb: cell 4 (source line 15) failed"), message
+    assert "AssertionError: only the Japanese edition fails" in message and "Neither edition" in message
+    assert [(out / lang / "00_tiny.ipynb").read_text(encoding="utf-8") for lang in builder.LANGS] == [
+        "stored en", "stored ja"]
+
+
+def test_both_editions_run_in_their_folders_with_the_course_kernel(tmp_path, monkeypatch):
+    monkeypatch.delenv("MPARLIB_QUIET", raising=False)  # the tool sets it for the kernel by itself
+    src, out = _editions(tmp_path, TINY)
+    builder.build(["00_tiny"], src=src, out=out, repo=None, timeout=120)
+    for lang in builder.LANGS:
+        nb = nbformat.read(out / lang / "00_tiny.ipynb", as_version=4)
+        assert nb.metadata["kernelspec"]["name"] == "mparlib"
+        install, _, capture, show = nb.cells
+        assert install.outputs == [] and install.execution_count == 1, "mparlib imports: the cell shows nothing"
+        assert capture.outputs == [], "%%capture ran as a cell magic"
+        assert [o.get("text") for o in show.outputs] == [f"{lang} hidden 1\n"], "folder, magic, quiet progress"
+    assert builder.check(["00_tiny"], src=src, out=out, repo=None) == []
