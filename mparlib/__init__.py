@@ -1,4 +1,4 @@
-"""mparlib: the shared code of the course "Data parallelism on many GPUs with PyTorch".
+"""mparlib: the shared code of the course "Training on many devices with PyTorch".
 
 A notebook defines what it teaches; this package holds what several chapters reuse, one idea per module (the
 README's "Layout" lists them). The training loop is `mparlib.train.train` (`from mparlib import train` gives the

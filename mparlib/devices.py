@@ -138,7 +138,7 @@ def check_devices(devices, what="devices"):
             "needs one kind: all GPUs (mparlib.try_all_gpus()) or the CPU listed k times (['cpu'] * k) to simulate "
             "k devices.",
             f"Expected a non cpu device, but got: cpu（PyTorch のメッセージ）。リスト [{shown}] には種類の違うデバイスが"
-            "混ざっています。データ並列に使うデバイスは1種類にそろえます。すべて GPU（mparlib.try_all_gpus()）にするか、"
+            "混ざっています。データ並列に使うデバイスは 1種類にそろえます。すべて GPU（mparlib.try_all_gpus()）にするか、"
             "CPU を k 回並べて（['cpu'] * k）k 個のデバイスを模擬してください。"))
     return [check_device(d, what) for d in parsed]
 

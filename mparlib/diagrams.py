@@ -31,7 +31,7 @@ def _ddp_overview():
     box(top, 1, 2, 45, 50, "", "#f3f3f3")
     top.text(23.5, 56, tr("DataParallel: 1 process, 1 thread per GPU", "DataParallel: 1個のプロセス、GPU ごとに 1本のスレッド"),
              ha="center", fontsize=10)
-    box(top, 5, 40, 37, 7, tr("Python interpreter (one GIL)", "Python インタプリタ（GIL は 1 つ）"), "#ffe0b3")
+    box(top, 5, 40, 37, 7, tr("Python interpreter (one GIL)", "Python インタプリタ（GIL は 1つ）"), "#ffe0b3")
     for i in range(2):
         box(top, 5 + 19 * i, 21, 16, 12, tr(f"thread {i}\nreplica {i}", f"スレッド {i}\nレプリカ {i}"), "#fff5cc")
         box(top, 5 + 19 * i, 6, 16, 8, f"GPU {i}", "#dbe9f6")

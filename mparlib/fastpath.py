@@ -150,7 +150,7 @@ class FastPath:
                 f"The fast path trains on one device; got {devices}. Use devices=[{str(devices[0])!r}] "
                 "(several GPUs train together with DistributedDataParallel, chapter 06_ddp).",
                 f"高速パスは 1つのデバイスで訓練します（指定: {devices}）。devices=[{str(devices[0])!r}] "
-                "を渡してください（複数 GPU での訓練は 06_ddp 章の DistributedDataParallel で行います）。"))
+                "を渡してください（複数 GPU での訓練は 6章の DistributedDataParallel で行います）。"))
         return fast.resolve(devices[0])
 
     def loader_defaults(self, device):

@@ -157,7 +157,7 @@ class PipelineModel(nn.Module):
             raise ConfigError(tr("PipelineModel takes a batch tensor of shape (N, ...), got "
                                  f"{type(x).__name__ if not isinstance(x, torch.Tensor) else 'a 0-d tensor'}.",
                                  "PipelineModel には形 (N, ...) のバッチのテンソルを渡してください。渡されたのは "
-                                 f"{type(x).__name__ if not isinstance(x, torch.Tensor) else '0 次元のテンソル'} です。"))
+                                 f"{type(x).__name__ if not isinstance(x, torch.Tensor) else '0次元のテンソル'} です。"))
         if len(x) == 0:
             raise ConfigError(tr("PipelineModel got an empty batch; pass at least one sample.",
                                  "PipelineModel に空のバッチが渡されました。少なくとも 1つのサンプルを渡してください。"))

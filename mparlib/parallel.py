@@ -172,7 +172,7 @@ def scatter(inputs, devices, dim=0):
         if t.dim() == 0:
             raise ConfigError(tr("scatter cannot split a 0-d tensor (a scalar); pass it as a Python number, which is "
                                  "copied to every device, or give it a batch dimension.",
-                                 "scatter は 0 次元のテンソル（スカラー）を分割できません。すべてのデバイスにコピー"
+                                 "scatter は 0次元のテンソル（スカラー）を分割できません。すべてのデバイスにコピー"
                                  "される Python の数値として渡すか、バッチの次元を付けてください。"))
         _check_dim_fits(dim, t, "scatter", "a tensor", "テンソル")
     sizes = {t.shape[dim] for t in tensors}

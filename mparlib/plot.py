@@ -117,7 +117,7 @@ class Animator:
             self.X, self.Y = [[] for _ in range(n)], [[] for _ in range(n)]
         if n != len(self.X):
             raise ConfigError(tr(f"This Animator draws {len(self.X)} curve(s); add() got {n} value(s).",
-                                 f"この Animator が描く曲線は {len(self.X)} 本ですが、add() に {n} 個の値が渡されました。"))
+                                 f"この Animator が描く曲線は {len(self.X)}本ですが、add() に {n}個の値が渡されました。"))
         for i, (a, b) in enumerate(zip(x, y)):
             if a is not None and b is not None:
                 self.X[i].append(float(a))

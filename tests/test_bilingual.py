@@ -1,4 +1,12 @@
-"""The English and Japanese editions stay in step, and the notebooks match their sources."""
+"""The English and Japanese editions stay in step, and the notebooks match their sources.
+
+Besides the structure (same cells, same headings), this file checks the mechanical part of the Japanese writing
+rules in notebooks/GLOSSARY.md, in the Japanese notebooks' prose, in the Japanese strings of ``tr(en, ja)`` in the
+chapter sources and in ``mparlib``, and in what the Japanese notebooks print. Each rule is a small function that
+returns the problems it finds; ``test_rule_*`` feeds it good and bad examples, so that a rule that stops catching
+anything fails too.
+"""
+import ast
 import json
 import re
 import sys
@@ -57,8 +65,6 @@ def test_japanese_prose_follows_the_glossary_style(name):
         prose = CODE.sub("", text)
         assert "，" not in prose and "．" not in prose, f"ja/{name}: use 、 and 。 (GLOSSARY.md)"
         assert "グラデーション" not in prose, f"ja/{name}: gradient is 勾配 (GLOSSARY.md)"
-        spaced = re.search(r"\d (つ|枚|個|回|行|章|倍|件)", prose)
-        assert not spaced, f"ja/{name}: no space between a number and its counter ({spaced and spaced.group()!r})"
         assert "である。" not in prose, f"ja/{name}: write in です・ます調, not である調"
         body = "\n".join(line for line in prose.splitlines() if not line.lstrip().startswith(("#", "|", "-", "*")))
         if len(JAPANESE.findall(body)) > 80:
@@ -84,3 +90,304 @@ def test_notebooks_are_stored_executed(name):
         for cell in nb["cells"]:
             if cell["cell_type"] == "code" and "".join(cell["source"]).strip():
                 assert cell["execution_count"] is not None, f"{folder.name}/{name}: a code cell was not executed"
+
+
+# --- Headings ----------------------------------------------------------------------------------------------------
+# A heading missing from one edition makes its table of contents (and the book's sidebar) shorter than the other's.
+
+FENCE = re.compile(r"^(```|~~~).*?^\1[^\n]*$", re.S | re.M)
+HEADING = re.compile(r"^(#{1,6})[ \t]+\S.*$", re.M)
+
+
+def headings(markdown):
+    """The headings of one markdown cell as ``(level, text)``, in order; lines inside code fences do not count."""
+    return [(len(m.group(1)), m.group(0).lstrip("#").strip()) for m in HEADING.finditer(FENCE.sub("", markdown))]
+
+
+def heading_problems(en, ja):
+    """Why two editions' markdown cells (lists of sources) differ in heading structure; [] when they agree."""
+    problems = []
+    for i, (a, b) in enumerate(zip(en, ja)):
+        levels_en, levels_ja = [n for n, _ in headings(a)], [n for n, _ in headings(b)]
+        if levels_en != levels_ja:
+            shown = "; ".join("#" * n + " " + t for n, t in headings(a)) or "none"
+            problems.append(f"markdown cell {i}: heading levels {levels_en} in English ({shown}) but {levels_ja} "
+                            "in Japanese; give the Japanese part the same headings")
+    return problems
+
+
+def test_rule_headings():
+    cell = "# Title\n\ntext\n\n## Part\n\n```python\n# a comment, not a heading\n```\n### Detail"
+    assert [n for n, _ in headings(cell)] == [1, 2, 3]
+    assert heading_problems([cell], ["# 題\n\n## 部\n\n### 細部"]) == []
+    assert heading_problems(["## A\n\ntext"], ["本文だけ"]), "a missing heading is found"
+    assert heading_problems(["## A"], ["### あ"]), "a heading of another level is found"
+    assert heading_problems(["## A\n## B"], ["## あ\n\n## い\n\n## う"]), "an extra heading is found"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_both_editions_have_the_same_headings_in_each_markdown_cell(name):
+    problems = heading_problems(cells(EN / name, "markdown"), cells(JA / name, "markdown"))
+    assert not problems, f"{name}:\n" + "\n".join(problems)
+
+
+# --- The Japanese writing rules of GLOSSARY.md --------------------------------------------------------------------
+
+JA_CHARS = "\u3040-\u309f\u30a0-\u30fa\u30fc-\u30ff\u3005\u3400-\u4dbf\u4e00-\u9fff"  # kana and kanji; not 、。・「」（）
+JA_LETTER = re.compile(f"[{JA_CHARS}]")
+SLOT = "\ue000"  # stands for a {...} of an f-string: a number or a name, so neither Japanese nor Latin
+# Counters are written right after their number: 「18枚」「5エポック」「3回」「2017年」.
+COUNTERS = ("つ", "枚", "個", "回", "章", "行", "本", "台", "件", "倍", "段", "列", "年", "秒", "点", "層", "通り", "次元",
+            "種類", "文字", "番目", "クラス", "ビット", "バイト", "エポック", "ステップ")
+COUNTER = "(?:" + "|".join(COUNTERS) + ")"
+SPACED_COUNTER = re.compile(rf"(?:\d[\d,.]*|{SLOT})( +){COUNTER}")
+# A space between Japanese and a Latin word, a number or inline code (「GPU を」「`replicate` で」「最初の 18枚」).
+# A number followed by Japanese is not checked: it is usually a counter, and counters are an open list.
+JA_THEN_LATIN = re.compile(f"(?<!第)(?!(?<=\\d)対)[{JA_CHARS}][A-Za-z0-9]")  # 「第1」「1対1」 are words
+LATIN_THEN_JA = re.compile(f"[A-Za-z][{JA_CHARS}]")
+LETTER_AND_COUNTER = re.compile(rf"(?<![A-Za-z])[A-Za-z]{COUNTER}")  # 「n個」: a variable counts like a number
+ONE_WORD = ("Tシャツ",)  # words that join a Latin letter and kana
+# The "one spelling" table of GLOSSARY.md: a pattern of the form not to use, and the form to use.
+VARIANTS = [
+    (r"(?<!\d)0\d章|\d\d_\w+ ?章|第\d+章", "the number alone: 5章"),
+    (r"スモーク(?!テスト)|フル ?プロファイル", "`smoke` プロファイル / `full` プロファイル"),
+    (r"チャンネル", "チャネル"),
+    (r"活性(?!化)", "活性化"),
+    (r"普通", "ふつう"),
+    (r"分か(?:らな|らず|り|る|っ|れば)", "わかる"),  # not 「この節の分から」 (分 + から)
+]
+MARKDOWN_VARIANTS = [(r"(?<![\w`])(?:smoke|full) ?プロファイル", "`smoke` プロファイル (in code font)")]
+ITALICS = [re.compile(r"(?<!\*)\*(?![\s*])([^*\n]+?)(?<![\s*])\*(?!\*)"),
+           re.compile(r"(?<![\w_])_(?![\s_])([^_\n]+?)(?<![\s_])_(?![\w_])")]
+CODE_SPAN = re.compile(r"(`+)(.+?)\1", re.S)
+MATH = re.compile(r"\$\$.+?\$\$|\$[^$\n]+\$", re.S)
+HTML = re.compile(r"<!--.*?-->|</?[A-Za-z][^>\n]*>", re.S)
+LINK = re.compile(r"!?\[([^\]\n]*)\]\([^)\s]*\)")
+URL = re.compile(r"https?://[^\s)）]+")
+
+
+def plain(markdown, code="CODE"):
+    """The text a reader sees: code blocks dropped, inline code, math and URLs replaced by a Latin placeholder
+    (they are Latin text for the spacing rules), links reduced to their text, HTML removed."""
+    text = CODE_SPAN.sub(code, FENCE.sub("", markdown))
+    text = URL.sub("URL", LINK.sub(r"\1", HTML.sub("", MATH.sub("MATH", text))))
+    return text
+
+
+def shown(text, start, end):
+    return repr(text[max(0, start - 8): end + 8].replace("\n", " ").replace(SLOT, "{…}"))
+
+
+def joined(m):
+    """A number and its counter as they should be written: the space taken out."""
+    return m.group().replace(m.group(1), "").replace(SLOT, "{…}")
+
+
+def spacing_problems(text):
+    """Spaces between a number and its counter, and missing spaces between Japanese and Latin text."""
+    found = [f"no space between a number and its counter, write {joined(m)!r}: {shown(text, m.start(), m.end())}"
+             for m in SPACED_COUNTER.finditer(text)]
+    found += [f"put a space between Japanese and Latin text or a number: {shown(text, m.start(), m.end())}"
+              for m in JA_THEN_LATIN.finditer(text)]
+    for m in LATIN_THEN_JA.finditer(text):
+        if not (LETTER_AND_COUNTER.match(text, m.start()) or
+                any(w in text[max(0, m.start() - 5): m.end() + 5] for w in ONE_WORD)):
+            found.append(f"put a space between Latin text and Japanese: {shown(text, m.start(), m.end())}")
+    return found
+
+
+def variant_problems(text, markdown=False):
+    """Forms that the glossary's table "One spelling for each word" replaces by another."""
+    rules = VARIANTS + (MARKDOWN_VARIANTS if markdown else [])
+    return [f"{m.group()!r} in {shown(text, m.start(), m.end())}: write {chosen} (GLOSSARY.md)"
+            for pattern, chosen in rules for m in re.finditer(pattern, text)]
+
+
+def italic_problems(markdown):
+    """Japanese text in italics (*…* or _…_); bold (**…**) and italic Latin such as math variables are fine."""
+    text = plain(markdown, code="").replace("**", "")
+    return [f"italic Japanese {m.group()!r}: use bold, 「」 or no emphasis" for rx in ITALICS
+            for m in rx.finditer(text) if JA_LETTER.search(m.group(1))]
+
+
+def prose_problems(markdown):
+    """Every mechanical rule, for one markdown cell of the Japanese edition."""
+    text = plain(markdown).replace("**", "")
+    return spacing_problems(text) + variant_problems(text, markdown=True) + italic_problems(markdown)
+
+
+def literal_text(node):
+    """The text of a string literal, an f-string (each {...} becomes SLOT) or a sum of them; None otherwise."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.JoinedStr):
+        return "".join(v.value if isinstance(v, ast.Constant) else SLOT for v in node.values)
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        left, right = literal_text(node.left), literal_text(node.right)
+        return None if left is None or right is None else left + right
+    return None
+
+
+def japanese_tr_strings(source):
+    """``(line, text)`` of the Japanese argument of every ``tr(en, ja)`` call in Python ``source``."""
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and len(node.args) >= 2 and "tr" in (getattr(node.func, "id", None),
+                                                                            getattr(node.func, "attr", None)):
+            text = literal_text(node.args[1])
+            if text is not None and JA_LETTER.search(text):
+                yield node.lineno, text
+
+
+def test_rule_counters_and_spacing():
+    for good in ["GPU 2枚を使います。", "最初の 18枚です。", "`replicate` で複製します。", "5エポック訓練します。",
+                 "CPU（ホスト）に置きます。", "「GPU」と呼びます。", "1,000万行あります。", "最初の n個です。",
+                 "Tシャツ/トップス", "GPU 0 と GPU 1 です。", "約 0.17 ms です。", f"GPU {SLOT}枚です。",
+                 "1〜3章で扱います。", "ResNet-18 を訓練します。", "1対1通信です。"]:
+        assert spacing_problems(plain(good)) == [], good
+    for bad in ["GPU 2 枚", "5 エポックが終わりました", "3 回の平均", "GIL は 1 つ", "2017 年", f"{SLOT} 個の値",
+                "のように1つのデバイス", "GPUを使います", "CODEを呼びます", "`x`を返します", "はGPU です",
+                "ときに1回だけ"]:
+        assert spacing_problems(plain(bad)), bad
+
+
+def test_rule_variants():
+    for good in ["5章で扱います。", "1〜3章", "`smoke` プロファイル", "チャネル数", "活性化関数と活性化", "ふつうの層",
+                 "わかりやすい", "10クラスに分かれています", "スモークテスト", "この節の分から先に見ます"]:
+        assert variant_problems(plain(good), markdown=True) == [], good
+    for bad in ["05章で扱います", "06_ddp 章", "03_primitives 章", "第5章", "スモークプロファイル", "フルプロファイル",
+                "チャンネル", "活性を転送します", "普通のメモリ", "分かりやすい", "分からない", "分かれば"]:
+        assert variant_problems(plain(bad)), bad
+    assert variant_problems(plain("smoke プロファイルでは"), markdown=True), "a profile name outside code font"
+    assert variant_problems("smoke プロファイルでは") == [], "a printed string has no code font"
+
+
+def test_rule_no_italic_japanese():
+    for good in ["*S* 個のステージ", "時間は *(m + S - 1) / m* です", "**太字**は使えます", "- 箇条書き\n* 箇条書き",
+                 "2 * 3 と 4 * 5", "`*すべての*` はコードです", "MPARLIB_PROFILE を設定します", "*pinned* memory"]:
+        assert italic_problems(good) == [], good
+    for bad in ["テーブルも含めて*すべての*パラメータ", "段（*ステージ*）", "探すのは *ラッパー自身の* 表", "_すべて_ です"]:
+        assert italic_problems(bad), bad
+
+
+def test_rule_tr_strings_are_found_in_sources():
+    source = ('from mparlib.lang import tr\nimport mparlib\n'
+              'a = tr("Done", "終わりました")\n'
+              'b = mparlib.lang.tr(f"{n} epochs", f"{n} エポック")\n'
+              'c = tr("x", "前半" + "後半")\n'
+              'd = tr("English only", "English only")\n'
+              'e = other("x", "日本語")\n')
+    found = dict(japanese_tr_strings(source))
+    assert found == {3: "終わりました", 4: f"{SLOT} エポック", 5: "前半後半"}
+    assert spacing_problems(found[4]), "the spaced counter after an f-string's number is caught"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_japanese_prose_follows_the_mechanical_rules(name):
+    problems = [f"markdown cell {i}: {p}" for i, text in enumerate(cells(JA / name, "markdown"))
+                for p in prose_problems(text)]
+    assert not problems, f"ja/{name}:\n" + "\n".join(problems)
+
+
+TR_SOURCES = sorted((ROOT / "notebooks" / "src").glob("[0-9][0-9]_*.py")) + sorted((ROOT / "mparlib").glob("*.py"))
+
+
+@pytest.mark.parametrize("path", TR_SOURCES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_japanese_tr_strings_follow_the_mechanical_rules(path):
+    problems = [f"line {line}: {p}" for line, text in japanese_tr_strings(path.read_text(encoding="utf-8"))
+                for p in spacing_problems(text) + variant_problems(text)]
+    assert not problems, f"{path.relative_to(ROOT)}:\n" + "\n".join(problems)
+
+
+def test_the_glossary_lists_every_spelling_the_checks_enforce():
+    glossary = (ROOT / "notebooks" / "GLOSSARY.md").read_text(encoding="utf-8")
+    table = glossary.split("表記の統一", 1)[1].split("\n\n", 2)[1]
+    for _, chosen in VARIANTS:
+        for form in chosen.split(": ")[-1].split(" / "):
+            assert form in table, f"GLOSSARY.md's table of spellings lacks {form!r}, which the checks require"
+
+
+# --- What the Japanese notebooks print ----------------------------------------------------------------------------
+# Output lines of the Japanese edition are Japanese (through tr()), except what is code-like and reads the same in
+# both languages. A line that has no Japanese fails when it still has an English word once these are set aside:
+# - quoted strings ('cat', "module"), reprs in angle brackets (<All keys matched successfully>), names followed by
+#   "(" or "=" (tensor(...), device(type=...), dtype=...) and the arguments of such a call, dotted names, names
+#   with digits or underscores (torch.float32, resnet_block1, grad_fn), capitalised words (class names such as
+#   Linear, units such as KiB), words of one or two letters (fc, us, x), a lowercase name that starts a line and
+#   is followed by two or more spaces (the name column of a table of parameters or modules:
+#   "pos      (Shard(dim=0),)"), and the names in CODE_WORDS;
+# - the message of an exception (a line with "SomeError: ..." and the indented lines after it), which the library
+#   prints in its own words, as the reader will see it on their own machine;
+# - the rows of mparlib.report()'s table of software and hardware, names like `pip list` prints;
+# - the output of a cell that prints source code (inspect.getsource).
+
+QUOTED = re.compile(r"'[^'\n]*'|\"[^\"\n]*\"")
+ANGLE_REPR = re.compile(r"<[^<>\n]*>")
+CALL = re.compile(r"[A-Za-z_][\w.]*\([^()\n]*\)")  # f(a, b=1): code, arguments included
+NAME_COLUMN = re.compile(r"^\s*[a-z_][\w.]*(?= {2,}\S)")
+ENGLISH_WORD = re.compile(r"(?<![\w.\-/])[a-z]{3,}(?![\w.(=\-/])")
+CODE_WORDS = {"cpu", "cuda", "gloo", "nccl", "mps", "nan", "inf", "torch", "mparlib", "python"}
+EXCEPTION_LINE = re.compile(r"\b[A-Z]\w*(?:Error|Exception|Interrupt)\b:")
+REPORT_ROW = re.compile(r"^(?:python|torch|CUDA \(build\)|cuDNN|CPU threads|GPUs|cuda:\d+|profile) {2,}\S")
+PRINTS_SOURCE = re.compile(r"\binspect\.getsource\(")
+OUTPUT_COUNTER = re.compile(rf"\d[\d,.]*( ){COUNTER}")  # one space: aligned columns of a table use several
+
+
+def english_lines(text):
+    """The lines of one output text that are English (see above); [] when every line is Japanese or code-like."""
+    english, in_exception = [], False
+    for line in text.splitlines():
+        if in_exception and line[:1].isspace():
+            continue
+        in_exception = bool(EXCEPTION_LINE.search(line))
+        if in_exception or JA_LETTER.search(line) or REPORT_ROW.match(line):
+            continue
+        code_removed = CALL.sub(" ", ANGLE_REPR.sub(" ", QUOTED.sub(" ", NAME_COLUMN.sub(" ", line))))
+        words = [w for w in ENGLISH_WORD.findall(code_removed) if w not in CODE_WORDS]
+        if words:
+            english.append(line)
+    return english
+
+
+def printed_texts(path):
+    """``(cell id, text)`` of every stream output, and of every result whose only form is text."""
+    nb = json.loads(path.read_text(encoding="utf-8"))
+    for cell in nb["cells"]:
+        if cell["cell_type"] != "code" or PRINTS_SOURCE.search("".join(cell["source"])):
+            continue
+        for out in cell.get("outputs", []):
+            if out["output_type"] == "stream":
+                yield cell.get("id"), "".join(out["text"])
+            elif out["output_type"] in ("execute_result", "display_data") and set(out["data"]) == {"text/plain"}:
+                yield cell.get("id"), "".join(out["data"]["text/plain"])
+
+
+def test_rule_english_output_lines():
+    for good in ["tensor([[0., 0.],\n        [1., 1.]], dtype=torch.float64)", "[device(type='cpu')]", "True",
+                 "['cat', 'dog', 'bird'] Linear", "<All keys matched successfully>", "plot.png", "(18, 1, 28, 28)",
+                 "resnet_block1    (1, 64, 28, 28)", "CheckpointMismatchError", "DeviceError True True",
+                 "replicate       ValueError: Expected a non cpu device, but got: cpu",
+                 "RuntimeError: Error(s) in loading state_dict for Classifier:\n    Missing key(s) in state_dict: ...",
+                 "python        3.11.7\nCPU threads   2\nprofile       smoke", "  2.71 ms  x1.00  分割なし",
+                 "レプリカ 0（cpu）: 形状 (3, 10)、行 [0, 1, 2]", "try_gpu(0):     cpu", "{'epoch': 3}",
+                 "model.dim: 16   awrapped.dim: 16", "4 KiB      2.5 us      5.2 us    0.78  ページング可能",
+                 "dist.send(x, dst=1) / dist.recv(buf, src=0)", "    pos                      (Shard(dim=0),)"]:
+        assert english_lines(good) == [], good
+    for bad in ["replica 0 on cpu: shape (3, 10), rows [0, 1, 2]", "same parameters after one step: True",
+                "lazy layers before the first forward pass: 35", "checked", "stopped after 5 calls",
+                "test acc: 0.67, 20.0 sec/epoch on [device(type='cpu')]", "GPUs: 0\noutput on cpu",
+                "ValueError: bad\nthe next line is not part of the message", "8 rows on 1 device(s)",
+                 "one large batch                                 0.0e+00           57.7",
+                 "mode                          size    returned    finished    GB/s",
+                 "predict      on the model: True   on the wrapper: False"]:
+        assert english_lines(bad), bad
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_the_japanese_notebooks_print_japanese(name):
+    problems = []
+    for cell_id, text in printed_texts(JA / name):
+        problems += [f"cell {cell_id}: English output line {line[:100]!r}: print it through "
+                     "mparlib.lang.tr(en, ja)" for line in english_lines(text)]
+        problems += [f"cell {cell_id}: no space between a number and its counter: {m.group()!r}"
+                     for m in OUTPUT_COUNTER.finditer(text)]
+    assert not problems, f"ja/{name}:\n" + "\n".join(problems)

@@ -318,3 +318,13 @@ def test_both_editions_run_in_their_folders_with_the_course_kernel(tmp_path, mon
         assert capture.outputs == [], "%%capture ran as a cell magic"
         assert [o.get("text") for o in show.outputs] == [f"{lang} hidden 1\n"], "folder, magic, quiet progress"
     assert builder.check(["00_tiny"], src=src, out=out, repo=None) == []
+
+
+def test_stored_tracebacks_carry_no_paths_of_the_machine_that_built_them():
+    root = str(builder.ROOT)
+    text = (f"File {root}/mparlib/launch.py:12, {root}/.venv/lib/python3.11/site-packages/torch/nn/x.py, "
+            "/usr/lib/python3.11/argparse.py and /tmp/mparlib-workers-ab12/ddp_workers.py")
+    got = builder.portable_paths(text)
+    assert got == ("File mparlib/launch.py:12, site-packages/torch/nn/x.py, python3.11/argparse.py and "
+                   "<temporary folder>/ddp_workers.py")
+    assert builder.portable_paths("no path here: 3/4 of a batch") == "no path here: 3/4 of a batch"

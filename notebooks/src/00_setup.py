@@ -17,8 +17,8 @@
 # | 06 DistributedDataParallel | one process per device, `torchrun`, checkpoints that survive a crash |
 # | 07 Performance | where the time goes, and how to use the hardware you already have |
 # | 08 Collective communication | send/recv, an all-reduce built from them, bandwidth, DDP's gradient buckets, hangs |
-# | 09 Sharding | ZeRO, FSDP2, sharded checkpoints |
-# | 10 Model parallelism: tensor and pipeline | splitting a layer across devices, pipelines across processes, 2D parallelism |
+# | 09 Sharding | where the memory goes, ZeRO from primitives, FSDP2, activation memory, sharded checkpoints |
+# | 10 Model parallelism | tensor parallelism (one layer split across devices), pipelines across processes, 2D parallelism |
 #
 # Chapters 01-07 are about data parallelism. The last three look underneath and beyond it: the collective
 # operations it is built on (08), sharding the model's state over the devices (09), and splitting the model itself
@@ -41,8 +41,8 @@
 # | 06 DistributedDataParallel | デバイスごとに 1個のプロセス、`torchrun`、落ちても失われないチェックポイント |
 # | 07 性能 | 時間がどこで使われているかを調べ、手元のハードウェアを使い切る |
 # | 08 集団通信 | send/recv、それで組み立てるオールリデュース、帯域幅、DDP の勾配バケット、ハング |
-# | 09 シャーディング | ZeRO、FSDP2、シャーディングしたチェックポイント |
-# | 10 モデル並列: テンソル並列とパイプライン並列 | 1つの層を複数のデバイスに分ける、プロセスをまたぐパイプライン、2次元並列 |
+# | 09 シャーディング | メモリの内訳、プリミティブから作る ZeRO、FSDP2、活性化のメモリ、シャーディングしたチェックポイント |
+# | 10 モデル並列 | テンソル並列（1つの層を複数のデバイスに分ける）、プロセスをまたぐパイプライン、2次元並列 |
 #
 # 1〜7章はデータ並列を扱います。最後の 3つの章では、その下と先に進みます。データ並列を支える集団通信（8章）、モデルの状態をデバイスに分けて持つシャーディング（9章）、モデルそのものの分割（10章）です。
 #

@@ -66,14 +66,14 @@ else:
 # passing them as keyword arguments to the base class constructor, `nn.Module.__init__(embedding=..., ...)`.
 # That style comes from early PyTorch's `nn.Container`, whose constructor registered its keyword arguments as
 # submodules (it is deprecated now); `nn.Module.__init__` takes no submodules. The cell below
-# writes a model in that style (moving the second layer to `device`, so it runs anywhere) and fails with a
-# `TypeError` before any tensor is touched:
+# writes a model in that style (moving the second layer to `device`, so it runs anywhere); building it fails with
+# a `TypeError` before any tensor is touched, and the cell prints the error:
 # <!-- ja -->
 # ## 書かれたままの例
 #
-# 例として取り上げるのは小さなネットワークです。CPU に置いておきたい埋め込み層と、GPU で計算したい層が並び、`forward` の中で活性化を一方から他方へ転送します。この例は 2つの層を基底クラスのコンストラクタにキーワード引数として渡して登録しています（`nn.Module.__init__(embedding=..., ...)`）。この書き方は初期の PyTorch の `nn.Container` に由来します。そのコンストラクタはキーワード引数をサブモジュールとして登録していました（現在は非推奨です）。一方、`nn.Module.__init__` はサブモジュールを受け取りません。次のセルはこの書き方でモデルを作ります（どのマシンでも動くように、2つめの層は `device` に移します）。テンソルに触れる前に `TypeError` で止まります。
+# 例として取り上げるのは小さなネットワークです。CPU に置いておきたい埋め込み層と、GPU で計算したい層が並び、`forward` の中で活性化を一方から他方へ転送します。この例は 2つの層を基底クラスのコンストラクタにキーワード引数として渡して登録しています（`nn.Module.__init__(embedding=..., ...)`）。この書き方は初期の PyTorch の `nn.Container` に由来します。そのコンストラクタはキーワード引数をサブモジュールとして登録していました（現在は非推奨です）。一方、`nn.Module.__init__` はサブモジュールを受け取りません。次のセルはこの書き方でモデルを作ります（どのマシンでも動くように、2つめの層は `device` に移します）。モデルを作る段階で、テンソルに触れる前に `TypeError` が出ます。セルはそのエラーを表示します。
 
-# %% tags=["raises-exception"]
+# %%
 class KeywordModel(nn.Module):
     """Submodules handed to nn.Module.__init__ as keyword arguments: the pattern that fails today."""
 
@@ -87,7 +87,12 @@ class KeywordModel(nn.Module):
         return self.linear(self.embedding(ids).to(self.linear.weight.device))
 
 
-model = KeywordModel(device)
+try:
+    model = KeywordModel(device)
+    raise AssertionError("nn.Module.__init__ accepted submodules as keyword arguments")
+except TypeError as err:
+    print(f"TypeError: {err}")
+    assert "unexpected keyword argument 'embedding'" in str(err)
 
 # %% [markdown]
 # <!-- en -->
