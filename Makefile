@@ -62,6 +62,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/parallel_overhead.py
 	$(PY) benchmarks/ddp_throughput.py
 	$(PY) benchmarks/train_throughput.py
+	$(PY) benchmarks/collectives.py
 
 # On a machine with a CUDA GPU: every GPU path once in about 10 minutes (the GPU tests, the benchmarks' GPU modes,
 # the chapters in the full profile), results in gpu-results/; without a GPU it stops at once with exit code 2.

@@ -1,0 +1,1083 @@
+# %% [markdown]
+# <!-- en -->
+# # 8. Collective communication
+#
+# Chapter 6 let DDP average the gradients "by all-reduce" and moved on. This chapter opens that box. The processes
+# of a distributed training talk in a small vocabulary of **collectives**, operations that every process of a group
+# calls together, built on **point-to-point** messages between two processes. Everything here runs on CPU processes
+# with `gloo`, and with `nccl` on GPUs. In this chapter you will
+#
+# - run each word of the vocabulary (`send`/`recv`, `broadcast`, `reduce`, `all_reduce`, `reduce_scatter`,
+#   `all_gather`, `all_to_all`) on 4 processes and see what moves where,
+# - build the ring all-reduce from sends and receives alone and check it against `dist.all_reduce`,
+# - measure what an all-reduce costs on your machine and fit the latency-bandwidth model to it,
+# - open DDP: its gradient buckets overlapping the backward pass, a communication hook that halves the bytes,
+#   and gradient accumulation with `no_sync()`,
+# - predict from these numbers when two devices are slower than one, and check the prediction,
+# - make a training hang on purpose, twice, and read the diagnosis that names the cause.
+# <!-- ja -->
+# # 8. 集団通信
+#
+# 6章では、DDP が勾配を「オールリデュース（all-reduce）で」平均すると述べただけで先へ進みました。この章ではその中身を開けます。分散訓練のプロセスどうしは、**集団通信**（collective）と呼ばれる少数の操作で会話します。集団通信はグループのすべてのプロセスがそろって呼び出す操作で、2個のプロセスの間で送る **1対1通信**（point-to-point）のメッセージの上に作られています。この章の内容はすべて `gloo` を使う CPU のプロセスで動き、GPU では `nccl` で動きます。この章では次のことを学びます。
+#
+# - 集団通信の語彙（`send`/`recv`、`broadcast`、`reduce`、`all_reduce`、`reduce_scatter`、`all_gather`、`all_to_all`）を 4個のプロセスで 1つずつ実行し、何がどこへ動くのかを確かめます。
+# - 送信と受信だけでリング・オールリデュースを作り、`dist.all_reduce` と一致することを確かめます。
+# - 手元のマシンでオールリデュースにかかる時間を測り、レイテンシ・帯域幅モデルを当てはめます。
+# - DDP の中を見ます。逆伝播と重なって進む勾配のバケット、送るバイト数を半分にする通信フック、`no_sync()` を使った勾配累積です。
+# - ここで測った数値から、2つのデバイスが 1つより遅くなるのはどんなときかを予測し、その予測を確かめます。
+# - わざと訓練をハングさせ（2通りの方法で）、原因を名指しする診断メッセージを読みます。
+
+# %% tags=["nbval-ignore-output"]
+import inspect
+import math
+import os
+import re
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+import torch
+from IPython.display import Image, display
+from matplotlib.figure import Figure
+
+import mparlib
+from mparlib import collectives
+from mparlib.errors import WorkerFailed
+from mparlib.lang import tr
+from mparlib.launch import choose_backend, describe, launch
+from mparlib.plot import figure_png, use_course_style
+
+# %load_ext mparlib.launch
+
+use_course_style()  # a font with Japanese glyphs for this notebook's figures
+print(mparlib.report())
+print(mparlib.profile_line())
+PROFILE = mparlib.profile()
+ON_GPUS = choose_backend("auto", 2) == "nccl"  # large sizes only where the ranks have GPUs of their own
+print(describe(4))
+print(describe(2))
+
+# %% [markdown]
+# <!-- en -->
+# The last two lines say where this chapter's processes run: on a machine with a GPU for each process they use
+# `nccl`, one process per GPU; otherwise they are CPU processes that talk through `gloo`. The checked outputs of the
+# chapter are the same either way.
+#
+# ## The vocabulary
+#
+# A **point-to-point** message has one sender and one receiver: rank 0 calls `dist.send(x, dst=1)` and rank 1
+# calls `dist.recv(buf, src=0)`, with a tensor of the same shape and dtype, which the message fills. `isend` and
+# `irecv` start the same message without waiting and return a handle whose `wait()` finishes it.
+#
+# A **collective** is called by every rank of the group, in the same order, with tensors of matching shapes. The
+# six that training uses:
+#
+# | collective | what every rank has afterwards | used by |
+# |---|---|---|
+# | `broadcast(x, src)` | a copy of rank `src`'s `x` | DDP at start-up: rank 0's parameters to everyone |
+# | `reduce(x, dst)` | rank `dst` only: the elementwise sum of all ranks' `x` | metrics summed on one rank |
+# | `all_reduce(x)` | the sum of all ranks' `x`, on every rank | DDP's gradient averaging |
+# | `reduce_scatter_tensor(out, x)` | rank `r`: chunk `r` of the sum | FSDP / ZeRO: each rank keeps its shard of the gradients |
+# | `all_gather_into_tensor(out, x)` | every rank's `x`, concatenated in rank order | FSDP: the full parameters from the shards |
+# | `all_to_all_single(out, x)` | chunk `r` of every rank's `x`, in rank order | mixture-of-experts routing, changing how a tensor is split |
+#
+# Each has a list form too (`reduce_scatter`, `all_gather`, `all_to_all` take lists of tensors); gloo in this
+# version of PyTorch runs all of them on CPU tensors. The figure shows, for 4 ranks, whose data ends up where: each
+# rank starts with 4 chunks of its own (`r.j` is chunk `j` of rank `r`). It is drawn from
+# `collectives.collective_patterns(4)`, which `tests/test_collectives.py` checks against the real collectives.
+# <!-- ja -->
+# 最後の 2行は、この章のプロセスがどこで動くかを示しています。プロセスごとに GPU があるマシンでは `nccl` を使い、GPU 1枚につき 1個のプロセスを動かします。そうでなければ、プロセスは CPU 上で動き、`gloo` を通じて通信します。どちらの場合も、この章の検査対象の出力は同じです。
+#
+# ## 集団通信の語彙
+#
+# **1対1通信**のメッセージでは、送り手と受け手がそれぞれ 1つだけです。ランク 0 が `dist.send(x, dst=1)` を呼び、ランク 1 が `dist.recv(buf, src=0)` を呼びます。`buf` は形と dtype が同じテンソルで、メッセージの中身がそこに書き込まれます。`isend` と `irecv` は同じメッセージを待たずに開始し、ハンドルを返します。ハンドルの `wait()` を呼ぶとメッセージが完了します。
+#
+# **集団通信**は、グループのすべてのランクが、同じ順序で、形のそろったテンソルを渡して呼び出します。訓練で使うのは次の 6つです。
+#
+# | 集団通信 | 終わったあと各ランクが持っているもの | 使われる場面 |
+# |---|---|---|
+# | `broadcast(x, src)` | ランク `src` の `x` のコピー | DDP の開始時。ランク 0 のパラメータを全員に配る |
+# | `reduce(x, dst)` | ランク `dst` だけ: 全ランクの `x` の要素ごとの和 | 評価指標を 1つのランクで合計する |
+# | `all_reduce(x)` | 全ランクの `x` の和（すべてのランクで） | DDP の勾配の平均 |
+# | `reduce_scatter_tensor(out, x)` | ランク `r`: 和のチャンク `r` | FSDP / ZeRO。各ランクが勾配の担当分だけを持つ |
+# | `all_gather_into_tensor(out, x)` | 全ランクの `x` をランクの順に連結したもの | FSDP。分割されたパラメータから全体を組み立てる |
+# | `all_to_all_single(out, x)` | 全ランクの `x` のチャンク `r` をランクの順に並べたもの | 専門家混合（mixture of experts）の振り分け、テンソルの分け方の変更 |
+#
+# それぞれにリストを受け取る形もあります（`reduce_scatter`、`all_gather`、`all_to_all` はテンソルのリストを受け取ります）。このバージョンの PyTorch の gloo は、CPU のテンソルでそのすべてを実行できます。下の図は、4個のランクで、誰のデータがどこへ行くかを示しています。各ランクは最初に自分のチャンクを 4つ持っています（`r.j` はランク `r` のチャンク `j` です）。図は `collectives.collective_patterns(4)` から描いたもので、`tests/test_collectives.py` はこれを実際の集団通信と照らし合わせています。
+
+# %%
+display(Image(figure_png(collectives.collectives_figure(4))))
+
+# %% [markdown]
+# <!-- en -->
+# `reduce_scatter` and `all_gather` are each other's mirror image, and together they make an `all_reduce`: first
+# every rank collects the full sum of one chunk, then every rank collects all the finished chunks. The ring
+# all-reduce below is built exactly so.
+#
+# Now the real thing. The worker below runs every word of the vocabulary on 4 processes. Rank `r` starts from
+# the tensor `[10r, 10r + 1, 10r + 2, 10r + 3]`, so the tens digit of a number tells whose it was. Every rank
+# records its tensor before and after each call, and `all_gather_object` (a collective for any picklable Python
+# object) brings the records to rank 0, which returns them to the notebook. The same run also checks the ring
+# all-reduce of the next section, so that the 4 processes start only once.
+# <!-- ja -->
+# `reduce_scatter` と `all_gather` は互いに鏡に映した関係にあり、2つを続けると `all_reduce` になります。まず各ランクが 1つのチャンクについて全体の和を集め、次に各ランクが完成したチャンクをすべて集めます。あとで作るリング・オールリデュースは、まさにこの形をしています。
+#
+# では実際に動かします。次のワーカーは、語彙のすべてを 4個のプロセスで実行します。ランク `r` はテンソル `[10r, 10r + 1, 10r + 2, 10r + 3]` から始めるので、数の十の位を見れば誰のデータだったかがわかります。各ランクは呼び出しの前後で自分のテンソルを記録し、`all_gather_object`（pickle できる任意の Python オブジェクトを集める集団通信）で記録をランク 0 に集め、ランク 0 がそれをノートブックに返します。同じ実行で次の節のリング・オールリデュースも確かめて、4個のプロセスの起動を 1回で済ませます。
+
+# %%
+# %%worker tour_workers
+import torch
+import torch.distributed as dist
+
+from mparlib.collectives import ring_all_reduce
+from mparlib.launch import device
+
+
+def tour():
+    """Every rank: each point-to-point message and collective on small int64 tensors, before and after."""
+    rank, k, dev = dist.get_rank(), dist.get_world_size(), device()
+    mine = torch.tensor([10 * rank + j for j in range(k)], device=dev)  # (k,)
+    seen = {}
+
+    # point to point: rank 0 sends to rank 1, which receives into a buffer of the same shape and dtype
+    buf = torch.zeros_like(mine)
+    if rank == 0:
+        dist.send(mine, dst=1)
+    elif rank == 1:
+        dist.recv(buf, src=0)
+    seen["send/recv"] = buf.tolist()
+
+    # every rank passes its tensor to the right neighbour and receives from the left one, without waiting
+    buf = torch.zeros_like(mine)
+    pending = [dist.isend(mine, dst=(rank + 1) % k), dist.irecv(buf, src=(rank - 1) % k)]
+    for work in pending:
+        work.wait()
+    seen["isend/irecv"] = buf.tolist()
+
+    for name in ("broadcast", "reduce", "all_reduce"):
+        t = mine.clone()
+        {"broadcast": lambda: dist.broadcast(t, src=0), "reduce": lambda: dist.reduce(t, dst=0),
+         "all_reduce": lambda: dist.all_reduce(t)}[name]()
+        seen[name] = t.tolist() if name != "reduce" or rank == 0 else None  # reduce: defined on dst only
+    out = torch.zeros(1, dtype=mine.dtype, device=dev)
+    dist.reduce_scatter_tensor(out, mine)  # rank r gets chunk r of the sum
+    seen["reduce_scatter"] = out.tolist()
+    out = torch.zeros(2 * k, dtype=mine.dtype, device=dev)
+    dist.all_gather_into_tensor(out, mine[:2].contiguous())  # each rank contributes its first 2 numbers
+    seen["all_gather"] = out.tolist()
+    out = torch.zeros_like(mine)
+    dist.all_to_all_single(out, mine)  # element j of rank r goes to rank j, at position r
+    seen["all_to_all"] = out.tolist()
+
+    records = [None] * k
+    dist.all_gather_object(records, {"before": mine.tolist(), **seen})
+    return {"tour": records, "ring": ring_checks()}
+
+
+def ring_checks():
+    """ring_all_reduce vs dist.all_reduce on the same inputs: sizes that k divides and does not, three dtypes."""
+    rank, k, dev = dist.get_rank(), dist.get_world_size(), device()
+    g = torch.Generator().manual_seed(rank)  # different numbers on every rank
+    rows = []
+    for n in (0, 1, 3, 10, 1001):
+        for dtype in (torch.int64, torch.float32, torch.float64):
+            if dtype == torch.float64:  # random reals: the sums may round differently
+                x = torch.randn(n, generator=g, dtype=dtype).to(dev)
+            else:  # integers (also as float32): every sum is exact
+                x = torch.randint(-1000, 1000, (n,), generator=g).to(dtype).to(dev)
+            ours, ref, size = x.clone(), x.clone(), x.abs()
+            ring_all_reduce(ours)
+            dist.all_reduce(ref)
+            dist.all_reduce(size)  # sum of |x| over the ranks: how large a rounding error can be
+            difference = (ours - ref).abs().max().item() if n else 0.0
+            rounding = 2 * (k - 1) * torch.finfo(torch.float64).eps * size.max().item() if n else 0.0
+            rows.append((n, str(dtype).replace("torch.", ""), torch.equal(ours, ref), difference <= rounding))
+    example = torch.tensor([100 * rank + i for i in range(10)], device=dev)  # 10 elements, 4 ranks: uneven chunks
+    before = example.tolist()
+    ring_all_reduce(example)
+    examples = [None] * k
+    dist.all_gather_object(examples, (before, example.tolist()))
+    everyone = [None] * k
+    dist.all_gather_object(everyone, rows)
+    return {"rows": everyone, "example": examples}
+
+# %%
+from tour_workers import tour
+
+results = launch(tour, 4, echo=False, timeout=120)
+records = results["tour"]
+
+
+def show(name, key):
+    """One line per rank: what it held before, and after ``name``."""
+    print(name)
+    for r, rec in enumerate(records):
+        after = rec[key] if rec[key] is not None else tr("(not defined)", "（未定義）")
+        print(f"  {tr('rank', 'ランク')} {r}:  {str(rec['before']):<18} -> {after}")
+
+
+show("dist.send(x, dst=1) / dist.recv(buf, src=0)", "send/recv")
+show(tr("isend to the right, irecv from the left", "右へ isend、左から irecv"), "isend/irecv")
+show("dist.broadcast(x, src=0)", "broadcast")
+show("dist.reduce(x, dst=0)", "reduce")
+show("dist.all_reduce(x)", "all_reduce")
+show("dist.reduce_scatter_tensor(out, x)", "reduce_scatter")
+show("dist.all_gather_into_tensor(out, x[:2])", "all_gather")
+show("dist.all_to_all_single(out, x)", "all_to_all")
+
+# %% [markdown]
+# <!-- en -->
+# Read the lines against the figure. `broadcast` gives everyone rank 0's numbers. `all_reduce` gives everyone the
+# column sums (`0 + 10 + 20 + 30 = 60`, ...); `reduce_scatter` gives rank `r` just the `r`-th of those sums, and
+# `all_gather` concatenates every rank's contribution. `all_to_all` transposes: rank `r` receives element `r`
+# of every rank. `reduce` defines the result on rank 0 only; what it leaves in the other ranks' tensors is up to
+# the backend, so the worker did not record them. The next cell checks
+# each line against what the definitions say.
+# <!-- ja -->
+# 図と見比べながら読んでください。`broadcast` では全員がランク 0 の数を受け取ります。`all_reduce` では全員が列ごとの和（`0 + 10 + 20 + 30 = 60` など）を受け取り、`reduce_scatter` ではランク `r` がその和の `r` 番目だけを受け取ります。`all_gather` は全ランクの提供分を連結します。`all_to_all` は転置にあたり、ランク `r` は全ランクの `r` 番目の要素を受け取ります。`reduce` で結果が決まるのはランク 0 だけです。他のランクのテンソルに何が残るかはバックエンド次第なので、ワーカーは記録していません。次のセルでは、各行が定義どおりであることを確かめます。
+
+# %%
+k = len(records)
+before = [rec["before"] for rec in records]
+sums = [sum(column) for column in zip(*before)]
+assert records[1]["send/recv"] == before[0]
+assert all(records[r]["isend/irecv"] == before[(r - 1) % k] for r in range(k))
+assert all(rec["broadcast"] == before[0] for rec in records)
+assert records[0]["reduce"] == sums
+assert all(rec["all_reduce"] == sums for rec in records)
+assert all(rec["reduce_scatter"] == [sums[r]] for r, rec in enumerate(records))
+assert all(rec["all_gather"] == [v for b in before for v in b[:2]] for rec in records)
+assert all(rec["all_to_all"] == [before[q][r] for q in range(k)] for r, rec in enumerate(records))
+print(tr("every collective did what its definition says", "すべての集団通信が定義どおりに動きました"))
+
+# %% [markdown]
+# <!-- en -->
+# ## A ring all-reduce from sends and receives
+#
+# How does a library sum a large tensor over `k` ranks? The naive way, everyone sends everything to rank 0,
+# which adds and broadcasts the result, makes rank 0's link carry `2(k-1)` whole tensors while every other link
+# idles. The **ring all-reduce** keeps every link busy with a small part. The ranks form a ring (rank `r` sends to
+# `r + 1` and receives from `r - 1`, modulo `k`), and each tensor is cut into `k` chunks:
+#
+# 1. **Reduce-scatter**, `k - 1` steps. In step `s` (`s = 0, 1, ..., k - 2`), rank `r` sends chunk `r - s` to its right neighbour and adds
+#    the chunk `r - s - 1` that arrives from its left. A chunk travels round the ring collecting one more rank's
+#    contribution per step; after `k - 1` steps rank `r` holds the full sum of chunk `r + 1`.
+# 2. **All-gather**, `k - 1` steps. Each finished chunk travels round the ring once more, now replacing instead of
+#    adding, until every rank has all `k` sums.
+#
+# `2(k - 1)` steps, each sending `n / k` elements per rank: every rank sends `2(k - 1) / k` times the tensor in
+# total, close to twice the tensor whatever the number of ranks, and all links work at once. `mparlib.collectives`
+# writes the chunk arithmetic once, in `ring_schedule(n, k)` (a list of `RingStep`s: for each step, the chunk
+# that every rank sends and the one it receives), and the function and the figures both follow it. With
+# 10 elements on 4 ranks the chunks have 3, 3, 2 and 2 elements:
+# <!-- ja -->
+# ## 送信と受信で作るリング・オールリデュース
+#
+# ライブラリは、大きなテンソルの和を `k` 個のランクでどうやって求めるのでしょうか。素朴な方法は、全員がすべてをランク 0 に送り、ランク 0 が足してから結果をブロードキャストする方法です。この方法では、ランク 0 の回線がテンソル `2(k-1)` 個分を運び、他の回線は遊んでしまいます。**リング・オールリデュース**は、すべての回線に少しずつ仕事をさせます。ランクは輪（リング）を作り（ランク `r` は `r + 1` に送り、`r - 1` から受け取ります。番号は `k` を法として数えます）、各テンソルを `k` 個のチャンクに切ります。
+#
+# 1. **リデュース・スキャッター（reduce-scatter）**、`k - 1` ステップ。ステップ `s`（`s = 0, 1, ..., k - 2`）で、ランク `r` はチャンク `r - s` を右隣に送り、左隣から届いたチャンク `r - s - 1` を自分のものに足します。チャンクは輪を回りながら、ステップごとに 1個のランクの分を集めていきます。`k - 1` ステップ後、ランク `r` はチャンク `r + 1` の全体の和を持っています。
+# 2. **オールギャザー（all-gather）**、`k - 1` ステップ。完成したチャンクがもう一度輪を回ります。今度は足すのではなく置き換え、全ランクが `k` 個の和をすべて持つまで続けます。
+#
+# ステップは `2(k - 1)` 回で、各ステップで各ランクが送るのは `n / k` 要素です。各ランクが送る量は合計でテンソルの `2(k - 1) / k` 倍、つまりランクがいくつあってもテンソルのおよそ 2倍で、しかもすべての回線が同時に働きます。`mparlib.collectives` はチャンクの計算を `ring_schedule(n, k)` の 1か所にだけ書き（戻り値は `RingStep` のリストで、ステップごとに、各ランクが送るチャンクと受け取るチャンクを表します）、関数も図もそれに従います。10要素を 4個のランクで分けると、チャンクの大きさは 3、3、2、2 になります。
+
+# %%
+print(tr("chunks (start, stop):", "チャンク（start, stop）:"), collectives.chunk_bounds(10, 4))
+for i, step in enumerate(collectives.ring_schedule(10, 4), 1):
+    moves = ", ".join(f"{r}->{(r + 1) % 4}: {tr('chunk', 'チャンク')} {c}" for r, c in enumerate(step.send))
+    print(f"{i}. {step.phase:<14} {moves}")
+
+# %% [markdown]
+# <!-- en -->
+# The figure follows the ring on 4 ranks. Each rank is a row of 4 chunks; the digits in a chunk are the ranks whose
+# numbers it has summed, and the red box is the chunk that arrived in that step (`collectives.ring_contents(4)` follows
+# the schedule without sending anything, and the figure draws what it finds). After the third step every rank owns one
+# complete chunk (`0123`), and the all-gather hands them round.
+# <!-- ja -->
+# 次の図は 4個のランクのリングを追ったものです。各ランクが 4つのチャンクの行で、チャンクの中の数字はそこに足し込まれたランクを表し、赤枠はそのステップで届いたチャンクです（`collectives.ring_contents(4)` が何も送らずにスケジュールをたどり、図はその結果を描いています）。3ステップ目が終わると、各ランクは完成したチャンク（`0123`）を 1つずつ持ち、オールギャザーがそれを配って回ります。
+
+# %%
+display(Image(figure_png(collectives.ring_figure(4))))
+
+# %% [markdown]
+# <!-- en -->
+# Here is the function. In each step a rank must send and receive at the same time: if every rank first called a
+# blocking `send`, each would wait for a neighbour that is itself still sending, and with large messages nobody
+# would ever receive. `dist.batch_isend_irecv` posts both messages of a step together (with nccl, as one group), and
+# the rank waits for both before it adds. The received chunk lands in a separate buffer, `incoming`: in the
+# reduce-scatter phase it must be added to the rank's own copy of that chunk, not written over it.
+# <!-- ja -->
+# 関数の中身は次のとおりです。各ステップで、ランクは送信と受信を同時に行う必要があります。もし全ランクがまずブロッキングの `send` を呼ぶと、各ランクは、自分もまだ送信中の隣を待つことになり、メッセージが大きいと誰も受け取れなくなります。`dist.batch_isend_irecv` は 1ステップの 2つのメッセージをまとめて開始し（nccl では 1つのグループとして）、ランクは両方が終わるのを待ってから足し算をします。受け取ったチャンクは別のバッファ `incoming` に入れます。リデュース・スキャッターの段階では、受け取ったチャンクを自分の同じチャンクに足す必要があり、上書きしてはいけないからです。
+
+# %%
+print(inspect.getsource(collectives.ring_all_reduce))
+
+# %% [markdown]
+# <!-- en -->
+# The tour above also ran `ring_all_reduce` and `dist.all_reduce` on the same inputs, on each of the 4 ranks: 0, 1
+# and 3 elements (fewer than the ranks: some chunks are empty), 10 (uneven chunks) and 1001, in int64, in float32
+# holding integers, and in float64 holding random reals. Integer sums are exact in any order, so these must agree
+# bit for bit. Sums of random reals may differ in the last bits, since the ring adds in another order than the
+# backend; the check allows `2(k - 1)` units of rounding of the largest sum of magnitudes.
+# <!-- ja -->
+# 上の語彙の実行では、4個のランクそれぞれで、同じ入力に対して `ring_all_reduce` と `dist.all_reduce` も実行していました。要素数は 0、1、3（ランクの数より少ないので空のチャンクができます）、10（チャンクの大きさがそろいません）、1001 で、dtype は int64、整数を入れた float32、ランダムな実数を入れた float64 です。整数の和はどんな順序で足しても正確なので、ビット単位で一致するはずです。ランダムな実数の和は、リングがバックエンドと違う順序で足すため、最後の数ビットが異なることがあります。そこで、絶対値の和の最大値に対する丸め誤差の `2(k - 1)` 単位分までの差を許します。
+
+# %%
+rows = [row for rank_rows in results["ring"]["rows"] for row in rank_rows]
+exact = [equal for n, dtype, equal, within in rows if dtype != "float64"]
+close = [within for n, dtype, equal, within in rows if dtype == "float64"]
+print(tr(f"integer sums equal to dist.all_reduce: {sum(exact)} of {len(exact)}",
+         f"dist.all_reduce と一致した整数の和: {len(exact)}個中 {sum(exact)}個"))
+print(tr(f"random float64 sums within rounding: {sum(close)} of {len(close)}",
+         f"丸め誤差の範囲に収まったランダムな float64 の和: {len(close)}個中 {sum(close)}個"))
+for r, (before, after) in enumerate(results["ring"]["example"]):
+    print(f"{tr('rank', 'ランク')} {r}: {before} -> {after}")
+assert all(exact) and all(close) and len(rows) == 4 * 15
+
+# %% [markdown]
+# <!-- en -->
+# `tests/test_collectives.py` runs the same comparison on 1 to 4 processes with more sizes, shapes (including a
+# tensor that is not contiguous) and a subgroup of the ranks, and checks each collective against the figure above;
+# on a machine with two GPUs or more it runs the ring with nccl.
+# <!-- ja -->
+# `tests/test_collectives.py` では、同じ比較を 1個から 4個のプロセスで、さらに多くの要素数、形（メモリ上で連続していないテンソルも含みます）、ランクの一部だけのグループについて行い、各集団通信が上の図のとおりに動くことも確かめています。GPU が 2枚以上あるマシンでは、リングを nccl で実行します。
+
+# %% [markdown]
+# <!-- en -->
+# ## What communication costs
+#
+# A message of `n` bytes costs roughly a fixed **latency** `α` (seconds to start a message at all, whatever its
+# size) plus `n` times the seconds per byte `β` (one over the **bandwidth**):
+#
+# $$t(n) = \alpha + n \beta .$$
+#
+# For the ring on `k` ranks, each of the `2(k-1)` steps pays the latency of one link and moves `n / k` bytes over
+# it, so `t = 2(k-1) α_link + 2(k-1)/k · n β_link`. Two bandwidths follow from a measured time, in the convention of
+# `nccl-tests`: the **algorithm bandwidth** `n / t`, what the user sees, and the **bus bandwidth** `n / t · 2(k-1)/k`,
+# which for large messages approaches the speed of one link, `1 / β_link`, whatever the number of ranks: it
+# compares machines and world sizes fairly.
+#
+# The next cell measures `dist.all_reduce` and `ring_all_reduce` on 2 processes for messages from 4 KiB up
+# (`mparlib.collectives.bandwidth_worker`, which times each call with `time_collective`: the ranks meet at a
+# barrier before each call, the clock stops when the device has finished, a call's time is that of the slowest
+# rank, and the median of a few calls is kept), then fits `α` and `β` to the all-reduce times by least squares on
+# relative errors, so that a 4 KiB message weighs as much as 64 MiB. `benchmarks/collectives.py` does the same from
+# 4 KiB to 256 MiB on 2 and 4 ranks and saves the numbers. The numbers are your machine's; the stored ones come
+# from the machine that built this notebook.
+# <!-- ja -->
+# ## 通信にかかる時間
+#
+# `n` バイトのメッセージにかかる時間は、おおよそ、大きさによらずメッセージを始めるだけでかかる一定の**レイテンシ** `α` と、`n` にバイトあたりの秒数 `β`（**帯域幅**の逆数）を掛けたものの和です。
+#
+# $$t(n) = \alpha + n \beta$$
+#
+# `k` 個のランクのリングでは、`2(k-1)` 回のステップのそれぞれで回線 1本分のレイテンシを払い、その回線で `n / k` バイトを運ぶので、`t = 2(k-1) α_link + 2(k-1)/k · n β_link` となります。測った時間からは、`nccl-tests` の慣習に従って 2つの帯域幅を求めます。利用者から見える**アルゴリズム帯域幅** `n / t` と、**バス帯域幅** `n / t · 2(k-1)/k` です。バス帯域幅は、メッセージが大きければランクの数によらず回線 1本の速さ `1 / β_link` に近づくので、マシンどうしやワールドサイズどうしを公平に比べられます。
+#
+# 次のセルでは、2個のプロセスで `dist.all_reduce` と `ring_all_reduce` を、4 KiB からのメッセージについて測ります（`mparlib.collectives.bandwidth_worker`。各呼び出しを `time_collective` で計測します。各呼び出しの前にランクがバリアで待ち合わせ、デバイスの処理が終わった時点で時計を止め、いちばん遅いランクの時間をその呼び出しの時間とし、数回の中央値をとります）。そのあと、オールリデュースの時間に `α` と `β` を相対誤差の最小二乗法で当てはめます。相対誤差を使うので、4 KiB のメッセージも 64 MiB のメッセージも同じ重みで扱われます。`benchmarks/collectives.py` は同じことを 4 KiB から 256 MiB まで、2個と 4個のランクで行い、結果を保存します。表示される数値はお使いのマシンのものです。保存されている数値は、このノートブックを作成したマシンのものです。
+
+# %% tags=["nbval-ignore-output"]
+KiB, MiB = 1024, 1024 ** 2
+largest = 256 * MiB if PROFILE == "full" else 64 * MiB
+sizes = [4 * KiB * 4 ** i for i in range(20) if 4 * KiB * 4 ** i <= largest]
+bandwidth = launch(collectives.bandwidth_worker, 2, args=(sizes,), kwargs=dict(repeats=3), echo=False)
+measured = {m: [row for row in bandwidth if row["method"] == m] for m in ("all_reduce", "ring")}
+fit = collectives.fit_alpha_beta([r["bytes"] for r in measured["all_reduce"]],
+                                 [r["seconds"] for r in measured["all_reduce"]])
+print(f"{'bytes':>10} {'all_reduce ms':>14} {'ring ms':>9} {tr('busbw GB/s', 'バス帯域 GB/s'):>15} "
+      f"{tr('model ms', 'モデル ms'):>10}")
+for a, r in zip(measured["all_reduce"], measured["ring"]):
+    print(f"{a['bytes']:>10} {a['seconds'] * 1e3:>14.3f} {r['seconds'] * 1e3:>9.3f} {a['busbw'] / 1e9:>15.3f} "
+          f"{collectives.predict_seconds(fit, a['bytes']) * 1e3:>10.3f}")
+print(tr(f"alpha-beta fit: alpha = {fit['alpha'] * 1e6:.1f} us, bandwidth 1/beta = {fit['bandwidth'] / 1e9:.2f} GB/s "
+         f"({bandwidth[0]['backend']}, 2 processes)",
+         f"α-β モデルの当てはめ: α = {fit['alpha'] * 1e6:.1f} μs、帯域幅 1/β = {fit['bandwidth'] / 1e9:.2f} GB/s"
+         f"（{bandwidth[0]['backend']}、プロセス 2個）"))
+
+fig = Figure(figsize=(7.5, 3.6))
+ax = fig.add_subplot()
+for m, style, label in (("all_reduce", "o-", "dist.all_reduce"), ("ring", "s--", "ring_all_reduce")):
+    ax.plot([r["bytes"] for r in measured[m]], [r["busbw"] / 1e9 for r in measured[m]], style, label=label)
+model = [collectives.bus_bandwidth(n / collectives.predict_seconds(fit, n), 2) / 1e9 for n in sizes]
+ax.plot(sizes, model, "k:", label=tr("alpha-beta model of dist.all_reduce", "dist.all_reduce の α-β モデル"))
+ax.set_xscale("log", base=2)
+ax.set_xlabel(tr("message size (bytes)", "メッセージの大きさ（バイト）"))
+ax.set_ylabel(tr("bus bandwidth (GB/s)", "バス帯域幅（GB/s）"))
+ax.set_title(tr("All-reduce on 2 processes", "プロセス 2個のオールリデュース"))
+ax.grid(True, alpha=0.3)
+ax.legend()
+fig.tight_layout()
+display(Image(figure_png(fig)))
+
+# %%
+assert [r["bytes"] for r in measured["all_reduce"]] == sizes == [r["bytes"] for r in measured["ring"]]
+assert all(r["seconds"] > 0 and math.isfinite(r["seconds"]) for r in bandwidth)
+assert 0 <= fit["alpha"] < 1 and 0 < fit["beta"] and math.isfinite(fit["bandwidth"])
+
+# %% [markdown]
+# <!-- en -->
+# Read the curve from left to right. Small messages are all latency: doubling the size hardly changes the time,
+# so the bandwidth grows in proportion to the size. Large messages are all bandwidth: the curve flattens at what
+# the transport can carry, and that plateau, `1 / β`, is the number that matters for gradients of many megabytes.
+# Where the fit misses a measured point, the model is too simple for that size (libraries switch algorithms
+# between sizes, caches and buffers change at some sizes) or the machine was busy during that call; the table
+# shows how far off each size is.
+#
+# The ring from `send`/`recv` is usually slower than the backend's own all-reduce for small messages: each of its
+# `2(k-1)` steps starts separate messages from Python, so it pays the latency several times over. For large
+# messages the gap narrows, because then both are limited by the same bytes over the same links.
+# `benchmarks/collectives.py` states two goals and records whether they were met: the ring within 2x of gloo's
+# all-reduce from 16 MiB on 2 ranks, and the model within 25% of the measurement from 64 KiB.
+#
+# For reference, the bus bandwidth of an all-reduce between the 8 GPUs of one H200 server peaks at about 482 GB/s
+# (Stas Bekman, *Machine Learning Engineering*); compare it with the plateau above. The model is the same; only `α`
+# and `β` change.
+# <!-- ja -->
+# グラフを左から右へ読んでください。小さなメッセージはほとんどレイテンシだけです。大きさを 2倍にしても時間はほとんど変わらないので、帯域幅は大きさに比例して伸びます。大きなメッセージはほとんど帯域幅だけで決まります。曲線は通信の仕組みが運べる量のところで平らになり、その高さ `1 / β` が、何メガバイトもある勾配にとって大事な数値です。当てはめたモデルが測定点から外れるのは、その大きさではモデルが単純すぎる（ライブラリはメッセージの大きさによってアルゴリズムを切り替えますし、キャッシュやバッファの効き方もある大きさで変わります）か、その呼び出しの間にマシンが忙しかったかのどちらかです。どれだけ外れたかは表で大きさごとに確かめられます。
+#
+# `send`/`recv` で作ったリングは、小さなメッセージではふつうバックエンド自身のオールリデュースより遅くなります。`2(k-1)` 回のステップのそれぞれで Python から別々のメッセージを開始するので、レイテンシを何回も払うからです。大きなメッセージでは差が縮まります。どちらも同じ回線で同じバイト数を運ぶことが限界になるからです。`benchmarks/collectives.py` には 2つの目標があり、達成したかどうかを記録します。ランク 2個で 16 MiB 以上のとき、リングが gloo のオールリデュースの 2倍以内の時間で終わること、そして 64 KiB 以上でモデルが測定値の 25% 以内に収まることです。
+#
+# 参考までに、H200 を 8枚積んだサーバー 1台の中でのオールリデュースのバス帯域幅は、最大でおよそ 482 GB/s です（Stas Bekman『Machine Learning Engineering』）。上のグラフの平らな部分と比べてみてください。モデルは同じで、変わるのは `α` と `β` だけです。
+
+# %% [markdown]
+# <!-- en -->
+# ## Inside DDP
+#
+# DDP calls an all-reduce on the gradients, but not on each gradient separately (hundreds of small messages, each
+# paying `α`) and not on all of them at once after the backward pass (one big message that waits for the slowest
+# gradient and overlaps nothing). It packs the gradients into **buckets** of about `bucket_cap_mb` megabytes (25 by
+# default), in the order in which the backward pass produces them, from the last layer to the first. When every
+# gradient of a bucket is ready, DDP starts that bucket's all-reduce asynchronously, and the backward pass carries
+# on with the earlier layers meanwhile. What DDP does with a bucket is replaceable: a **communication hook**,
+# registered with `model.register_comm_hook(state, hook)`, receives each bucket (`bucket.buffer()` is one flat
+# tensor of its gradients) and returns a future of the averaged gradients.
+#
+# The worker below looks inside with three experiments on a stack of seven `Linear` layers (1.58 million
+# parameters, 6.3 MB of float32 gradients), on 2 CPU processes with gloo, where the host's clock sees when the
+# communication really happens (on GPUs the same questions need CUDA events or `torch.profiler`):
+#
+# 1. a hook that does what DDP does by default, averaging with `all_reduce`, but writes down when each bucket's
+#    all-reduce starts and ends, next to `register_post_accumulate_grad_hook` on every parameter, which writes down
+#    when its gradient is complete; once with `bucket_cap_mb=1` and once with the default 25;
+# 2. a hook that sends the gradients in bfloat16, compared with PyTorch's own `bf16_compress_hook`;
+# 3. gradient accumulation over 4 micro-batches with and without `no_sync()`.
+# <!-- ja -->
+# ## DDP の中
+#
+# DDP は勾配をオールリデュースしますが、勾配を 1つずつ送るわけではありません（小さなメッセージが何百個にもなり、それぞれが `α` を払います）。逆伝播がすべて終わってから一度に送るわけでもありません（いちばん遅い勾配を待つ 1つの大きなメッセージになり、何とも重なりません）。DDP は勾配を、逆伝播が作る順、つまり最後の層から最初の層への順に、およそ `bucket_cap_mb` メガバイト（既定値は 25）の**バケット**に詰めます。バケットの勾配がすべてそろうと、DDP はそのバケットのオールリデュースを非同期に始め、その間も逆伝播は手前の層の計算を続けます。DDP がバケットをどう扱うかは差し替えられます。`model.register_comm_hook(state, hook)` で登録した**通信フック**は、バケットを 1つずつ受け取り（`bucket.buffer()` はそのバケットの勾配を並べた 1本のテンソルです）、平均した勾配の future を返します。
+#
+# 次のワーカーは、7層の `Linear` を積んだネットワーク（パラメータ 158万個、float32 の勾配で 6.3 MB）を使い、3つの実験で中をのぞきます。gloo を使う 2個の CPU プロセスで実行します。CPU なら、通信が実際に行われる時刻をホストの時計で測れるからです（GPU で同じことを調べるには CUDA のイベントか `torch.profiler` が必要です）。
+#
+# 1. DDP の既定の動作と同じく `all_reduce` で平均をとる一方で、各バケットのオールリデュースが始まった時刻と終わった時刻を記録するフックを使います。あわせて、すべてのパラメータに `register_post_accumulate_grad_hook` を付け、勾配が完成した時刻を記録します。`bucket_cap_mb=1` のときと既定値 25 のときの 2回行います。
+# 2. 勾配を bfloat16 で送るフックを作り、PyTorch 自身の `bf16_compress_hook` と比べます。
+# 3. 4つのマイクロバッチにわたる勾配累積を、`no_sync()` を使う場合と使わない場合で比べます。
+
+# %%
+# %%worker ddp_inside
+import contextlib
+import time
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def stack(width=512, layers=6, seed=0):
+    """Linear(width, width) + ReLU, `layers` times, then Linear(width, 10): (N, width) -> (N, 10)."""
+    torch.manual_seed(seed)  # the same initial weights on every rank
+    blocks = [m for _ in range(layers) for m in (nn.Linear(width, width), nn.ReLU())]
+    return nn.Sequential(*blocks, nn.Linear(width, 10))
+
+
+def batch(n, width=512, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, width, generator=g), torch.randint(0, 10, (n,), generator=g)
+
+
+def bucket_timeline(bucket_cap_mb, steps=2):
+    """When each gradient is complete and when each bucket's all-reduce runs, in ms from the start of backward."""
+    model, world, events = DDP(stack(), bucket_cap_mb=bucket_cap_mb), dist.get_world_size(), []
+
+    def recording_all_reduce(state, bucket):  # DDP's default (sum, then divide by the world size), timed
+        start = time.perf_counter()
+        fut = dist.all_reduce(bucket.buffer(), async_op=True).get_future()
+
+        def done(f):  # runs when the all-reduce has finished
+            events.append(("bucket", bucket.index(), bucket.buffer().numel(), start, time.perf_counter()))
+            return f.value()[0].div_(world)
+
+        return fut.then(done)
+
+    model.register_comm_hook(None, recording_all_reduce)
+    names = {p: name for name, p in model.module.named_parameters()}
+    for p in model.module.parameters():
+        p.register_post_accumulate_grad_hook(lambda p: events.append(("grad", names[p], time.perf_counter())))
+    x, y = batch(64, seed=dist.get_rank())
+    for _ in range(steps):  # DDP re-forms its buckets after the first step, in the order the gradients came
+        events.clear()
+        model.zero_grad()
+        loss = nn.functional.cross_entropy(model(x), y)
+        start = time.perf_counter()
+        loss.backward()  # returns when every bucket's all-reduce has finished
+        end = time.perf_counter()
+    ms = lambda t: (t - start) * 1e3
+    return {"grads": [(e[1], ms(e[2])) for e in events if e[0] == "grad"],
+            "buckets": sorted((e[1], e[2], ms(e[3]), ms(e[4])) for e in events if e[0] == "bucket"),
+            "backward_ms": ms(end)}
+
+
+def counting_all_reduce(state, bucket):
+    """DDP's default, float32 average, counting the bytes handed to all_reduce."""
+    state["bytes"] = state.get("bytes", 0) + bucket.buffer().numel() * bucket.buffer().element_size()
+    fut = dist.all_reduce(bucket.buffer(), async_op=True).get_future()
+    return fut.then(lambda f: f.value()[0].div_(dist.get_world_size()))
+
+
+def bf16_all_reduce(state, bucket):
+    """Send half the bytes: average the bucket in bfloat16 (7 bits of mantissa), then copy it back to float32."""
+    compressed = bucket.buffer().to(torch.bfloat16).div_(dist.get_world_size())
+    state["bytes"] = state.get("bytes", 0) + compressed.numel() * compressed.element_size()
+    fut = dist.all_reduce(compressed, async_op=True).get_future()
+    return fut.then(lambda f: bucket.buffer().copy_(f.value()[0]))
+
+
+def gradients(hook=None, state=None):
+    """The averaged gradients of one backward pass of DDP, as one flat tensor, with an optional comm hook."""
+    model = DDP(stack())
+    if hook is not None:
+        model.register_comm_hook(state, hook)
+    x, y = batch(32, seed=dist.get_rank())
+    nn.functional.cross_entropy(model(x), y).backward()
+    return torch.cat([p.grad.flatten() for p in model.parameters()])
+
+
+def compression():
+    fp32, bf16 = {}, {}
+    default, counted = gradients(), gradients(counting_all_reduce, fp32)
+    ours, pytorchs = gradients(bf16_all_reduce, bf16), gradients(default_hooks.bf16_compress_hook, None)
+    error = (ours - default).abs()
+    return {"bytes_fp32": fp32["bytes"], "bytes_bf16": bf16["bytes"],
+            "counting_is_default": torch.equal(counted, default), "ours_is_pytorchs": torch.equal(ours, pytorchs),
+            "max_error": (error.max() / default.abs().max()).item(),
+            "median_relative_error": (error / default.abs().clamp_min(1e-30)).median().item()}
+
+
+def accumulation(micro_batches=4, micro=16, steps=6):
+    """One SGD step from micro_batches backward passes, three ways; the step's result and the time per step."""
+    x, y = batch(micro_batches * micro, seed=dist.get_rank())  # this rank's share of the large batch
+    initial = [p.detach().clone() for p in stack().parameters()]
+    results = {}
+    for way in ("one large batch", "no_sync", "all-reduce every micro-batch"):
+        model = DDP(stack())
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        times = []
+        for step in range(steps + 1):  # step 0 warms up; its update is the one compared
+            dist.barrier()
+            start = time.perf_counter()
+            optimizer.zero_grad()
+            if way == "one large batch":
+                nn.functional.cross_entropy(model(x), y).backward()
+            else:
+                for i in range(micro_batches):
+                    part = slice(i * micro, (i + 1) * micro)
+                    quiet = way == "no_sync" and i < micro_batches - 1  # the last backward all-reduces
+                    with model.no_sync() if quiet else contextlib.nullcontext():
+                        (nn.functional.cross_entropy(model(x[part]), y[part]) / micro_batches).backward()
+            optimizer.step()
+            times.append(time.perf_counter() - start)
+            if step == 0:
+                results[way] = {"params": [p.detach().clone() for p in model.parameters()]}
+        results[way]["ms"] = min(times[1:]) * 1e3
+    reference = results["one large batch"]["params"]
+    largest = lambda a, b: max((p - q).abs().max().item() for p, q in zip(a, b))
+    return {way: {"ms": r["ms"], "difference": largest(r["params"], reference),
+                  "moved": largest(r["params"], initial)} for way, r in results.items()}
+
+
+def inside_ddp():
+    return {"timeline": {cap: bucket_timeline(cap) for cap in (1, 25)}, "compression": compression(),
+            "accumulation": accumulation()}
+
+# %%
+from ddp_inside import inside_ddp
+
+inside = launch(inside_ddp, 2, backend="gloo", echo=False, timeout=120)
+
+# %% [markdown]
+# <!-- en -->
+# ### Buckets overlap the backward pass
+#
+# The figure shows the second backward pass of each run (DDP re-forms its buckets after the first, in the order the
+# gradients arrived). Dots are gradients becoming complete, last layer first; bars are the buckets' all-reduces.
+# <!-- ja -->
+# ### バケットは逆伝播と重なる
+#
+# 図は、それぞれの実行の 2回目の逆伝播です（DDP は 1回目のあとで、勾配が届いた順にバケットを組み直します）。点は勾配が完成した時刻（最後の層から順に）、横棒は各バケットのオールリデュースです。
+
+# %% tags=["nbval-ignore-output"]
+fig = Figure(figsize=(8, 3.8))
+axes = fig.subplots(2, 1, sharex=True)
+for ax, (cap, run) in zip(axes, inside["timeline"].items()):
+    ax.plot([t for _, t in run["grads"]], [1] * len(run["grads"]), "o", ms=4, color="#2e86c1")
+    for index, numel, start, end in run["buckets"]:
+        ax.barh(0, end - start, left=start, height=0.5, color="#e59866", edgecolor="white")
+        ax.text((start + end) / 2, 0, str(index), ha="center", va="center", fontsize=7)
+    ax.axvline(run["backward_ms"], color="0.4", ls=":")
+    ax.set_yticks([0, 1], [tr("all-reduce", "オールリデュース"), tr("gradient ready", "勾配の完成")])
+    ax.set_ylim(-0.6, 1.5)
+    ax.set_title(tr(f"bucket_cap_mb={cap}: {len(run['buckets'])} bucket(s)",
+                    f"bucket_cap_mb={cap}: バケット {len(run['buckets'])}個"), fontsize=9)
+axes[-1].set_xlabel(tr("ms from the start of backward (dotted: backward() returns)",
+                       "逆伝播の開始からの時間 ms（点線: backward() が戻った時刻）"))
+fig.tight_layout()
+display(Image(figure_png(fig)))
+for cap, run in inside["timeline"].items():
+    last_grad = max(t for _, t in run["grads"])
+    first = run["buckets"][0]
+    print(tr(f"bucket_cap_mb={cap}: {len(run['buckets'])} bucket(s); the first all-reduce starts at "
+             f"{first[2]:.1f} ms, the last gradient is ready at {last_grad:.1f} ms, backward returns at "
+             f"{run['backward_ms']:.1f} ms",
+             f"bucket_cap_mb={cap}: バケット {len(run['buckets'])}個。最初のオールリデュースの開始 {first[2]:.1f} ms、"
+             f"最後の勾配の完成 {last_grad:.1f} ms、backward() が戻る {run['backward_ms']:.1f} ms"))
+
+# %%
+small, default = inside["timeline"][1], inside["timeline"][25]
+numel = sum(n for _, n, _, _ in default["buckets"])
+assert numel == sum(n for _, n, _, _ in small["buckets"]) == 6 * (512 * 512 + 512) + 512 * 10 + 10
+assert len(small["buckets"]) > 1 and len(default["buckets"]) == 1
+assert small["buckets"][0][2] < max(t for _, t in small["grads"])  # communication began during backward
+assert default["buckets"][0][2] >= max(t for _, t in default["grads"])  # one bucket waits for every gradient
+
+# %% [markdown]
+# <!-- en -->
+# With 1 MB buckets the first all-reduce starts while most of the backward pass is still to come, and the buckets
+# follow one another as the layers finish. With the default 25 MB this whole model fits in one bucket, which can
+# start only when the last gradient (that of the first layer) is complete: nothing overlaps. Smaller buckets are
+# not always better, since each pays the latency `α`; for a large model on fast links, the default is a good
+# compromise, and `bucket_cap_mb` is the knob to try when a profile shows communication waiting at the end of
+# backward.
+#
+# ### A communication hook: half the bytes
+#
+# `bf16_all_reduce` above casts each bucket to bfloat16 (the 8 exponent bits of float32, 7 bits of mantissa instead
+# of 23), averages that, and copies the result back into the float32 bucket. It is PyTorch's
+# `default_hooks.bf16_compress_hook` written out (its documentation asks for a recent nccl, but it runs with gloo
+# too), and the gradients of the two agree bit for bit:
+# <!-- ja -->
+# 1 MB のバケットでは、逆伝播の大部分がまだ残っているうちに最初のオールリデュースが始まり、層の計算が終わるのに合わせてバケットが次々に続きます。既定値の 25 MB では、このモデル全体が 1つのバケットに収まります。このバケットは最後の勾配（最初の層の勾配）が完成するまで始められないので、何も重なりません。バケットは小さければよいわけではありません。バケットごとにレイテンシ `α` を払うからです。大きなモデルを速い回線で訓練するなら既定値はよい妥協点です。プロファイルを見て、逆伝播の終わりに通信を待っている時間が目立つときに試すのが `bucket_cap_mb` です。
+#
+# ### 通信フック: 送るバイト数を半分に
+#
+# 上の `bf16_all_reduce` は、各バケットを bfloat16（float32 と同じ 8ビットの指数部と、23ビットではなく 7ビットの仮数部）に変換してから平均をとり、結果を float32 のバケットにコピーして戻します。これは PyTorch の `default_hooks.bf16_compress_hook` を書き下したもので（そのドキュメントは新しい nccl を求めていますが、gloo でも動きます）、両者の勾配はビット単位で一致します。
+
+# %%
+c = inside["compression"]
+print(tr(f"bytes sent per backward pass: float32 {c['bytes_fp32']:,}, bfloat16 {c['bytes_bf16']:,}",
+         f"逆伝播 1回あたりに送るバイト数: float32 {c['bytes_fp32']:,}、bfloat16 {c['bytes_bf16']:,}"))
+print(tr("our hook gives the same gradients as PyTorch's bf16_compress_hook:",
+         "このフックの勾配は PyTorch の bf16_compress_hook と一致:"), c["ours_is_pytorchs"])
+assert c["bytes_bf16"] * 2 == c["bytes_fp32"] == 4 * numel
+assert c["ours_is_pytorchs"] and c["counting_is_default"]
+
+# %% tags=["nbval-ignore-output"]
+print(tr(f"difference to the float32 average: largest {c['max_error']:.1e} of the largest gradient, "
+         f"median {c['median_relative_error']:.1e} of each gradient",
+         f"float32 の平均との差: 最大で勾配の最大値の {c['max_error']:.1e}、各勾配に対する相対誤差の中央値 "
+         f"{c['median_relative_error']:.1e}"))
+
+# %%
+assert 0 < c["median_relative_error"] < 2 ** -7 and 0 < c["max_error"] < 2 ** -6
+
+# %% [markdown]
+# <!-- en -->
+# Half the bytes, and gradients that differ from the exact average by a fraction of a percent, the rounding of
+# bfloat16's 8 significant bits. Whether that matters for training is a question for the training curve (exercise 3);
+# where the links are slow and the gradients large, it often does not, and the step gets faster. Other hooks in
+# `torch.distributed.algorithms.ddp_comm_hooks` go further (PowerSGD sends low-rank approximations).
+#
+# ### Gradient accumulation and `no_sync()`
+#
+# To train with a batch larger than fits in memory, a process can run several **micro-batches** forward and
+# backward, let their gradients add up in `.grad` (each loss divided by the number of micro-batches), and take one
+# optimizer step. With DDP, every backward pass would all-reduce its gradients, though only the sum at the end is
+# needed. Inside `with model.no_sync():` DDP skips the all-reduce and only accumulates; the first backward pass
+# after the block all-reduces the accumulated sum. The worker compared three ways to take one step over the same
+# data: one large batch per rank, 4 micro-batches with `no_sync()` for the first 3, and 4 micro-batches that each
+# all-reduce.
+# <!-- ja -->
+# 送るバイト数は半分になり、勾配と正確な平均との差は 1% に満たない程度、つまり有効数字 8ビットの bfloat16 の丸め誤差です。これが訓練に影響するかどうかは訓練曲線で確かめるべきことです（練習問題 3）。回線が遅く勾配が大きい場合には影響しないことが多く、ステップは速くなります。`torch.distributed.algorithms.ddp_comm_hooks` には、さらに踏み込んだフックもあります（PowerSGD は低ランク近似を送ります）。
+#
+# ### 勾配累積と `no_sync()`
+#
+# メモリに収まらないほど大きなバッチで訓練したいときは、プロセスが複数の**マイクロバッチ**について順伝播と逆伝播を行い、勾配を `.grad` に足し合わせてから（各損失はマイクロバッチの数で割っておきます）、パラメータを 1回だけ更新します。DDP では、逆伝播のたびに勾配がオールリデュースされますが、必要なのは最後の合計だけです。`with model.no_sync():` の中では、DDP はオールリデュースを省いて勾配を足し合わせるだけにします。ブロックを出たあとの最初の逆伝播で、足し合わせた合計がオールリデュースされます。ワーカーでは、同じデータで 1ステップ進める 3つの方法を比べました。ランクごとに 1つの大きなバッチを使う方法、4つのマイクロバッチのうち最初の 3つで `no_sync()` を使う方法、4つのマイクロバッチのそれぞれでオールリデュースする方法です。
+
+# %% tags=["nbval-ignore-output"]
+acc = inside["accumulation"]
+print(f"{tr('way', '方法'):<30} {tr('difference to one batch', '1バッチとの差'):>24} {tr('ms per step', 'ステップあたり ms'):>14}")
+names = {"one large batch": tr("one large batch", "1つの大きなバッチ"), "no_sync": "no_sync",
+         "all-reduce every micro-batch": tr("all-reduce every micro-batch", "マイクロバッチごとにオールリデュース")}
+for way, r in acc.items():
+    print(f"{names[way]:<30} {r['difference']:>24.1e} {r['ms']:>14.1f}")
+
+# %%
+assert all(r["difference"] < 1e-6 for r in acc.values())  # float32 rounding: the same update
+assert all(r["moved"] > 1e-3 for r in acc.values())  # and the step really changed the parameters
+assert all(r["ms"] > 0 and math.isfinite(r["ms"]) for r in acc.values())
+
+# %% [markdown]
+# <!-- en -->
+# All three give the same update, up to float32 rounding. The times show the price of the all-reduces that
+# `no_sync()` avoids: 4 instead of 1 per optimizer step. How much that saves depends on how the gradients' all-reduce
+# compares with a micro-batch's computation on your machine, and a busy machine blurs small differences, so run the
+# cell twice before concluding. On slow links with large models, the ratio of the two times approaches the number
+# of micro-batches.
+# <!-- ja -->
+# 3つの方法はどれも、float32 の丸め誤差の範囲で同じ更新を行います。時間の違いは、`no_sync()` が省くオールリデュースの代償です。`no_sync()` を使わないと、パラメータの更新 1回あたりのオールリデュースが 1回ではなく 4回になります。どれだけ節約できるかは、お使いのマシンで勾配のオールリデュースがマイクロバッチ 1つの計算と比べてどれだけかかるかによります。また、マシンが忙しいと小さな差はぼやけるので、結論を出す前にセルを 2回実行してください。回線が遅くモデルが大きいほど、2つの時間の比はマイクロバッチの数に近づきます。
+
+# %% [markdown]
+# <!-- en -->
+# ## Why two devices can be slower than one
+#
+# With `k` devices and a fixed global batch `B`, one step of data-parallel training costs roughly the computation
+# of `B / k` examples plus one all-reduce of all the gradients:
+#
+# $$t_k \approx \frac{t_1(B)}{k} + \text{comm}(\text{bytes}, k), \qquad \text{comm}(n, k) = \alpha + n \beta .$$
+#
+# The first term shrinks with more devices; the second does not, because the bytes are those of the **model**, not
+# of the batch: ResNet-18's 11,175,818 parameters make 44.7 MB of float32 gradients whether a device computes 8
+# images or 800. Two devices are slower than one as soon as the all-reduce costs more than the share of the
+# computation that the second device takes over: small per-device batches, large models and slow links.
+#
+# The worker below measures this for the ResNet-18 step of chapter 6. Rank 0 first times the step on its own, as
+# one device with the whole global batch (and, for later, with half of it), while the other rank waits at a
+# barrier (a rank waiting in gloo uses no CPU time); then both ranks time DDP steps on half the batch each. The fitted `α` and `β`
+# from the bandwidth measurement turn the gradient bytes into a predicted communication time.
+# <!-- ja -->
+# ## 2つのデバイスが 1つより遅くなるわけ
+#
+# デバイスが `k` 個で全体のバッチサイズ `B` が一定のとき、データ並列の訓練の 1ステップには、おおよそ `B / k` 個のデータの計算と、すべての勾配のオールリデュース 1回分の時間がかかります。
+#
+# $$t_k \approx \frac{t_1(B)}{k} + \text{comm}(\text{bytes}, k), \qquad \text{comm}(n, k) = \alpha + n \beta$$
+#
+# 第 1項はデバイスを増やすほど小さくなりますが、第 2項は小さくなりません。バイト数はバッチではなく**モデル**で決まるからです。ResNet-18 のパラメータ 11,175,818個は、デバイスが計算する画像が 8枚でも 800枚でも、float32 の勾配で 44.7 MB になります。オールリデュースにかかる時間が、2つ目のデバイスが引き受ける分の計算時間を上回ると、2つのデバイスは 1つより遅くなります。デバイスあたりのバッチが小さいとき、モデルが大きいとき、回線が遅いときです。
+#
+# 次のワーカーは、6章の ResNet-18 のステップについてこれを測ります。まずランク 0 が 1つのデバイスとして、全体のバッチで（あとで使うために、その半分でも）ステップの時間を単独で測ります。その間、もう一方のランクはバリアで待ちます（gloo で待っているランクは CPU の時間を使いません）。次に、両方のランクがバッチを半分ずつ受け持って DDP のステップの時間を測ります。帯域幅の測定で当てはめた `α` と `β` を使えば、勾配のバイト数から通信時間を予測できます。
+
+# %%
+# %%worker scaling_workers
+import time
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from mparlib.ddp import make_model
+from mparlib.launch import device
+from mparlib.timing import synchronize
+
+
+def step_time(model, x, y, steps):
+    """Seconds of the fastest of ``steps`` SGD steps on (x, y), after one warm-up step."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    times = []
+    for _ in range(steps + 1):
+        synchronize(x.device)
+        start = time.perf_counter()
+        optimizer.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        optimizer.step()
+        synchronize(x.device)
+        times.append(time.perf_counter() - start)
+    return min(times[1:])
+
+
+def one_vs_many(global_batch, steps=2):
+    rank, k, dev = dist.get_rank(), dist.get_world_size(), device()
+    g = torch.Generator().manual_seed(0)  # random images: the time of a step does not depend on the pixels
+    x = torch.rand(global_batch, 1, 28, 28, generator=g).to(dev)  # (B, 1, 28, 28)
+    y = torch.randint(0, 10, (global_batch,), generator=g).to(dev)  # (B,)
+    share = global_batch // k
+    alone = alone_share = 0.0
+    if rank == 0:  # one device on its own; the other ranks wait at the barrier below
+        torch.manual_seed(0)
+        net = make_model("resnet18").to(dev)
+        alone = step_time(net, x, y, steps)
+        alone_share = step_time(net, x[:share], y[:share], steps)
+    dist.barrier()
+    torch.manual_seed(0)
+    model = DDP(make_model("resnet18").to(dev), device_ids=[dev.index] if dev.type == "cuda" else None)
+    part = slice(rank * share, (rank + 1) * share)
+    together = torch.tensor([step_time(model, x[part], y[part], steps)], dtype=torch.float64, device=dev)
+    dist.all_reduce(together, op=dist.ReduceOp.MAX)  # a step is over when the slowest rank is done
+    grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    return {"alone": alone, "alone_share": alone_share, "together": together.item(), "grad_bytes": grad_bytes,
+            "world_size": k, "per_rank_batch": share, "backend": dist.get_backend(),
+            "threads": torch.get_num_threads()}
+
+# %% tags=["nbval-ignore-output"]
+from scaling_workers import one_vs_many
+
+global_batch = 512 if ON_GPUS else 8
+run = launch(one_vs_many, 2, args=(global_batch,), echo=False, timeout=300)
+comm = collectives.predict_seconds(fit, run["grad_bytes"])
+naive = run["alone"] / 2 + comm
+refined = run["alone_share"] + comm
+ms = lambda s: f"{s * 1e3:8.1f} ms"
+speedup = lambda x: tr(f"  speed-up {x:.2f}x", f"  速度 {x:.2f}倍")
+print(tr(f"ResNet-18, global batch {global_batch}, {run['backend']}, {run['threads']} thread(s) per process",
+         f"ResNet-18、全体のバッチサイズ {global_batch}、{run['backend']}、プロセスあたり {run['threads']}スレッド"))
+print(tr("measured, 1 device, whole batch:           ", "実測、デバイス 1つ、バッチ全体:              "),
+      ms(run["alone"]))
+print(tr("measured, 2 devices (DDP), half each:      ", "実測、デバイス 2つ（DDP）、半分ずつ:         "),
+      ms(run["together"]), speedup(run["alone"] / run["together"]))
+print(tr("predicted all-reduce of the gradients:     ", "予測、勾配のオールリデュース:                "), ms(comm))
+print(tr("model 1: t1(B) / 2 + all-reduce:           ", "モデル 1: t1(B) / 2 + オールリデュース:       "),
+      ms(naive), speedup(run["alone"] / naive))
+print(tr("model 2: t1(B / 2) measured + all-reduce:  ", "モデル 2: t1(B / 2) の実測 + オールリデュース:"),
+      ms(refined), speedup(run["alone"] / refined))
+per_image = (run["alone"] - run["alone_share"]) / (global_batch - run["per_rank_batch"])
+if per_image > 0:
+    print(tr(f"by model 2, 2 devices are slower than 1 below a global batch of about {2 * comm / per_image:.0f}",
+             f"モデル 2 によれば、全体のバッチサイズがおよそ {2 * comm / per_image:.0f} 未満では 2つのデバイスが 1つより遅くなります"))
+else:
+    print(tr("the step did not get faster with half the batch here, so model 2 gives no break-even batch",
+             "ここではバッチを半分にしてもステップが速くならなかったので、モデル 2 から損益分岐のバッチサイズは求まりません"))
+
+# %%
+assert run["grad_bytes"] == 4 * 11_175_818 and run["world_size"] == 2
+assert run["per_rank_batch"] * 2 == global_batch
+assert all(v > 0 and math.isfinite(v) for v in (run["alone"], run["alone_share"], run["together"], comm))
+
+# %% [markdown]
+# <!-- en -->
+# Compare the measured line with the two predictions; three effects decide how they differ, and the numbers show
+# which one wins on this machine.
+#
+# - **Not all of a step divides by `k`.** Model 1 assumes that half the batch takes half the time. But part of a
+#   step does not depend on the batch: the optimizer updates all 11 million parameters, hundreds of operations are
+#   launched whatever their size, and small batches use a processor less efficiently. Every rank pays that part in
+#   full. Model 2 measures the computation of half a batch instead of assuming it, and so it is usually the closer
+#   one. If `t1(B / 2)` is much more than half of `t1(B)`, most of your step is this fixed part, and more devices
+#   help little.
+# - **Overlap hides communication.** DDP starts the buckets' all-reduces during the backward pass (previous
+#   section), so a measurement *below* model 2 means that part of the communication ran at the same time as
+#   computation.
+# - **The devices share the machine.** CPU processes share the memory bandwidth and the caches, and gloo's threads
+#   need CPU time of their own, taken from the computation; anything else running on the machine takes its share
+#   too. GPUs share the PCIe or NVLink links and their host. A measurement *above* model 2 means time was lost to
+#   something the model does not count; the bandwidth measurement, which sends one tensor at a time and
+#   computes nothing, cannot see it.
+#
+# The last line turns model 2 around: it is the global batch below which the all-reduce costs more than the
+# computation that the second device saves. Exercise 2 puts it to the test. On GPUs the same reasoning explains the
+# usual advice: keep the per-device batch large, and the links fast, before adding devices.
+# <!-- ja -->
+# 実測の行と 2つの予測を比べてください。違いを決めるのは次の 3つの効果で、このマシンでどれが勝つかは数値が示しています。
+#
+# - **ステップのすべてが `k` で割れるわけではありません。** モデル 1 は、バッチが半分なら時間も半分だと仮定しています。しかし、ステップの一部はバッチに依存しません。オプティマイザはおよそ 1,100万個のパラメータをすべて更新しますし、演算は大きさにかかわらず何百個も起動されますし、小さなバッチはプロセッサを効率よく使えません。この部分は、どのランクも丸ごと払います。モデル 2 は、半分のバッチの計算時間を仮定せずに実測するので、ふつうはこちらのほうが実測に近くなります。`t1(B / 2)` が `t1(B)` の半分よりずっと長いなら、ステップの大部分はこの固定の部分で、デバイスを増やしてもあまり効果はありません。
+# - **重なりが通信を隠します。** DDP は逆伝播の最中にバケットのオールリデュースを始めます（前の節）。実測がモデル 2 を**下回る**なら、通信の一部が計算と同時に進んだということです。
+# - **デバイスはマシンを共有しています。** CPU のプロセスはメモリ帯域幅やキャッシュを共有し、gloo のスレッドも CPU の時間を必要とし、その分は計算から差し引かれます。マシンで他に動いているものも、それぞれの取り分を持っていきます。GPU は PCIe や NVLink の回線とホストを共有します。実測がモデル 2 を**上回る**なら、モデルが数えていない何かに時間をとられたということです。テンソルを 1つずつ送るだけで計算をしない帯域幅の測定には、それは見えません。
+#
+# 最後の行は、モデル 2 を逆向きに使ったものです。全体のバッチサイズがこの値より小さいと、オールリデュースにかかる時間が、2つ目のデバイスによって節約できる計算時間を上回ります。練習問題 2 でこれを確かめます。GPU でも同じ考え方から、いつもの助言が出てきます。デバイスを増やす前に、デバイスあたりのバッチを大きく保ち、回線を速くすることです。
+
+# %% [markdown]
+# <!-- en -->
+# ## A hang you can diagnose
+#
+# A collective finishes only when every rank of the group has called it. If one rank never does, the others wait, by
+# default for 30 minutes with gloo and 10 with nccl (the process group's timeout), and then fail with a message that
+# says only that they waited. If the ranks call collectives with different shapes, the messages do not fit together, and
+# the run fails with a confusing error or, worse, mixes up data. Both come from one broken rule:
+#
+# > **Every rank calls the same collectives, in the same order, with the same shapes and dtypes.**
+#
+# A rule that breaks easily: a loop that runs a different number of times on different ranks (uneven data, an
+# early `break`), a collective under `if rank == 0:`, a tensor whose size depends on the rank. Three tools turn the
+# hang into a diagnosis:
+#
+# - a **timeout**, so that waiting ends: `init_process_group(..., timeout=timedelta(seconds=...))`, which
+#   `launch(..., timeout=...)` passes on;
+# - `dist.monitored_barrier(timeout=...)` (gloo), a barrier at which rank 0 waits for every other rank by name and
+#   reports which ones did not arrive;
+# - `TORCH_DISTRIBUTED_DEBUG=DETAIL` in the environment of every process: before each collective the ranks compare
+#   what they are about to call (the operation, the shapes, the dtypes) and fail at once, naming the difference.
+#
+# First the uneven loop: rank 0 has 3 batches and rank 1 has 4 (as with a data set split without padding), each
+# step all-reduces, and the epoch ends at a monitored barrier. Rank 1's fourth all-reduce has no partner. The cells
+# run the ranks on the CPU with gloo on any machine (`monitored_barrier` is gloo's); the rule is the same with
+# nccl, whose messages differ.
+# <!-- ja -->
+# ## 診断できるハング
+#
+# 集団通信は、グループのすべてのランクが呼び出したときに初めて終わります。呼び出さないランクが 1つでもあると、他のランクは待ち続けます。既定では gloo で 30分、nccl で 10分（プロセスグループのタイムアウト）待ってから、待ったということしか言わないメッセージで失敗します。ランクがそれぞれ違う形のテンソルで集団通信を呼び出すと、メッセージがかみ合わず、わかりにくいエラーで失敗するか、もっと悪い場合はデータが混ざってしまいます。どちらも、1つの規則が破られたことが原因です。
+#
+# > **すべてのランクが、同じ集団通信を、同じ順序で、同じ形と dtype で呼び出すこと。**
+#
+# この規則は簡単に破れます。ランクによって回数の違うループ（データの偏り、途中の `break`）、`if rank == 0:` の中の集団通信、ランクによって大きさが変わるテンソルなどです。ハングを診断に変える道具が 3つあります。
+#
+# - **タイムアウト**: 待つことに終わりを設けます。`init_process_group(..., timeout=timedelta(seconds=...))` で指定し、`launch(..., timeout=...)` はこれを渡します。
+# - `dist.monitored_barrier(timeout=...)`（gloo）: ランク 0 が他のすべてのランクを 1つずつ名前で待ち、来なかったランクを報告するバリアです。
+# - すべてのプロセスの環境変数 `TORCH_DISTRIBUTED_DEBUG=DETAIL`: 集団通信の前に、これから呼び出すもの（操作、形、dtype）をランクどうしで照らし合わせ、違いがあればそれを名指ししてすぐに失敗します。
+#
+# まずはランクによって回数の違うループです。ランク 0 にはバッチが 3つ、ランク 1 には 4つあり（データセットを補わずに分けたときのように）、各ステップでオールリデュースを行い、エポックの終わりに monitored barrier で待ち合わせます。ランク 1 の 4回目のオールリデュースには相手がいません。どのマシンでも、これらのセルはランクを CPU 上の gloo で動かします（`monitored_barrier` は gloo の機能です）。規則は nccl でも同じで、メッセージが違うだけです。
+
+# %%
+# %%worker hang_workers
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+
+def uneven_epoch(steps_of, wait_s):
+    """Rank r runs steps_of[r] steps, each with an all-reduce, then meets the others at a monitored barrier."""
+    rank = dist.get_rank()
+    for step in range(steps_of[rank]):
+        dist.all_reduce(torch.ones(4))  # stands for DDP's gradient all-reduce
+    print(f"rank {rank}: {steps_of[rank]} steps done", flush=True)
+    dist.monitored_barrier(timeout=timedelta(seconds=wait_s))  # rank 0 names the ranks that do not come
+
+
+def mismatched_shapes():
+    """Rank 0 all-reduces 4 numbers, rank 1 only 3 (say, a layer whose size was computed from the rank)."""
+    dist.all_reduce(torch.ones(4 if dist.get_rank() == 0 else 3))
+
+# %%
+from hang_workers import mismatched_shapes, uneven_epoch
+
+
+def diagnosis(log_dir, nproc):
+    """The last error line in each rank's log, without C++ file names, ports and long tensor descriptions."""
+    lines = []
+    for r in range(nproc):
+        log = (Path(log_dir) / f"rank{r}.log").read_text(encoding="utf-8", errors="replace").splitlines()
+        errors = [line for line in log if re.match(r"^([\w.]*(Error|Exception)): ", line)]
+        text = errors[-1] if errors else tr("(no error: stopped by the launcher)", "（エラーなし: 起動側が停止しました）")
+        text = re.sub(r"\[/[^\]]*\]\s*", "", text)  # where in PyTorch's C++ sources the message was raised
+        text = re.sub(r"\[?127\.0\.0\.1\]?:\d+", "127.0.0.1", text)
+        text = re.sub(r", TensorDeviceTypes=TensorOptions\((?:[^()]|\([^()]*\))*\)", "", text)
+        lines.append(f"{tr('rank', 'ランク')} {r}: {text}")
+        print(textwrap.fill(lines[-1], 110, subsequent_indent="    "))
+    return lines
+
+
+def hang(worker, args=(), timeout=20):
+    """Run a worker that is expected to fail; return the diagnosis lines and the seconds until it ended."""
+    with tempfile.TemporaryDirectory(prefix="mparlib-08-") as logs:
+        start = time.monotonic()
+        try:
+            launch(worker, 2, args=args, backend="gloo", timeout=timeout, log_dir=logs, echo=False)
+            failed = False
+        except WorkerFailed:
+            failed = True
+        seconds = time.monotonic() - start
+        return failed, diagnosis(logs, 2), seconds
+
+# %% tags=["nbval-ignore-output"]
+failed, uneven, seconds = hang(uneven_epoch, args=([3, 4], 5))
+print(tr(f"ended after {seconds:.0f} s", f"{seconds:.0f}秒後に終了"))
+
+# %%
+assert failed and seconds < 60
+assert "Rank 1 failed to pass monitoredBarrier" in uneven[0]
+
+# %% [markdown]
+# <!-- en -->
+# Rank 0 reached the barrier after 3 steps and waited 5 seconds for rank 1, then named it: rank 1 failed to pass
+# the barrier, because it is still inside its fourth all-reduce. Rank 1 learns of the trouble only when rank 0
+# gives up (its partner closes the connection). In a real training the barrier goes at the end of the epoch, or
+# before evaluation, and the names it prints tell you where to look. The fix is the rule: the `DistributedSampler`
+# of chapter 6 pads the data so that every rank runs the same number of steps (or `drop_last=True` drops the
+# remainder), and DDP's `model.join()` context manager lets ranks with fewer batches shadow the others'
+# all-reduces when uneven data cannot be avoided.
+#
+# Now the mismatched shapes, with `TORCH_DISTRIBUTED_DEBUG=DETAIL`. The variable must be in the environment of the
+# processes when they join the group, so the cell sets it in the notebook's environment, which the new processes
+# inherit, and restores it afterwards.
+# <!-- ja -->
+# ランク 0 は 3ステップのあとバリアに着き、ランク 1 を 5秒待ってから、その名前を挙げました。ランク 1 はバリアを通過できませんでした。まだ 4回目のオールリデュースの中にいるからです。ランク 1 が異常を知るのは、ランク 0 があきらめて接続を閉じたときです。実際の訓練では、このバリアをエポックの終わりや評価の前に置きます。表示された名前が、どこを調べればよいかを教えてくれます。直し方は規則のとおりです。6章の `DistributedSampler` はデータを補って、どのランクも同じ回数だけステップを進めるようにします（`drop_last=True` なら余りを捨てます）。データの偏りが避けられないときは、DDP の `model.join()` コンテキストマネージャを使うと、バッチの少ないランクが他のランクのオールリデュースに付き合ってくれます。
+#
+# 次は形の合わないテンソルです。今度は `TORCH_DISTRIBUTED_DEBUG=DETAIL` を使います。この変数は、プロセスがグループに参加する時点でそのプロセスの環境になければなりません。そこで、次のセルはノートブックの環境に設定し（新しいプロセスはそれを受け継ぎます）、終わったら元に戻します。
+
+# %% tags=["nbval-ignore-output"]
+previous = os.environ.get("TORCH_DISTRIBUTED_DEBUG")
+os.environ["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
+try:
+    failed, mismatch, seconds = hang(mismatched_shapes)
+finally:
+    if previous is None:
+        del os.environ["TORCH_DISTRIBUTED_DEBUG"]
+    else:
+        os.environ["TORCH_DISTRIBUTED_DEBUG"] = previous
+print(tr(f"ended after {seconds:.0f} s", f"{seconds:.0f}秒後に終了"))
+
+# %%
+assert failed and seconds < 60
+assert any("Detected mismatch between collectives" in line and "TensorShape=[4]" in line for line in mismatch)
+
+# %% [markdown]
+# <!-- en -->
+# Each rank names both sides: which collective it runs with which shape (`TensorShape=[4]` against `[3]`), and what
+# the other rank runs. `DETAIL` costs an extra exchange before every collective, so switch it on to find a bug,
+# not for every training run. Without it, gloo has no way to know what the other side meant: the ranks receive
+# messages of unexpected sizes, and what happens then depends on the backend and the sizes (exercise 4).
+#
+# The checklist for a hanging run: set a timeout you can afford to wait; put a `monitored_barrier` where all ranks
+# should meet; rerun with `TORCH_DISTRIBUTED_DEBUG=DETAIL`; and read every rank's log, not only rank 0's
+# (`launch(..., log_dir=...)` keeps them).
+# <!-- ja -->
+# どちらのランクも両方の側を名指ししています。自分がどの集団通信をどの形で実行しているか（`TensorShape=[4]` と `[3]`）と、相手のランクが何を実行しているかです。`DETAIL` は集団通信のたびに追加のやり取りをするので、バグを探すときにだけ有効にし、ふだんの訓練では使わないでください。これがないと、gloo には相手が何をするつもりだったのかを知る方法がありません。各ランクは思いがけない大きさのメッセージを受け取り、そのあとどうなるかはバックエンドと大きさによって変わります（練習問題 4）。
+#
+# 訓練がハングしたときの確認事項は次のとおりです。待ってもよい長さのタイムアウトを設定すること、すべてのランクがそろうべき場所に `monitored_barrier` を置くこと、`TORCH_DISTRIBUTED_DEBUG=DETAIL` を付けて実行し直すこと、そしてランク 0 だけでなくすべてのランクのログを読むことです（`launch(..., log_dir=...)` でログを残せます）。
+
+# %% [markdown]
+# <!-- en -->
+# ## Summary
+#
+# - Point-to-point messages (`send`/`recv`, `isend`/`irecv`) connect two ranks; collectives (`broadcast`,
+#   `reduce`, `all_reduce`, `reduce_scatter`, `all_gather`, `all_to_all`) are called by every rank of a group. An
+#   all-reduce is a reduce-scatter followed by an all-gather.
+# - The ring all-reduce needs `2(k-1)` steps of `n / k` elements each; every rank sends about twice the tensor,
+#   whatever the number of ranks. `mparlib.collectives.ring_all_reduce`, built from sends and receives alone, equals
+#   `dist.all_reduce` exactly on integers and to rounding on reals.
+# - A message costs `α + n β`; bus bandwidth (`n / t · 2(k-1)/k`) compares all-reduces across world sizes. Small
+#   messages pay latency, large ones bandwidth.
+# - DDP all-reduces the gradients in buckets (`bucket_cap_mb`) that start during the backward pass; a communication
+#   hook decides what is sent (bfloat16: half the bytes, gradients within bfloat16's rounding); `no_sync()`
+#   accumulates micro-batches with one all-reduce per optimizer step and the same update.
+# - A step on `k` devices costs about the computation of `B / k` examples plus an all-reduce of the model's
+#   gradients; when the all-reduce costs more than the computation saved, more devices are slower.
+# - Every rank must call the same collectives in the same order with the same shapes. Timeouts, `monitored_barrier`
+#   and `TORCH_DISTRIBUTED_DEBUG=DETAIL` turn a hang into a message that names the rank and the difference.
+#
+# ## Exercises
+#
+# 1. Run the tour on 3 processes, `launch(tour, 3)`, after predicting what `all_to_all_single` and
+#    `reduce_scatter_tensor` will print (the last assert of the ring cell counts 4 ranks; leave it out).
+# 2. Rerun `one_vs_many` with the break-even global batch that the scaling cell printed, and with half and twice
+#    that batch (an even number). Are 2 processes slower than 1 where the model says they are?
+# 3. Write a worker that trains `stack()` from the `ddp_inside` cell for 100 steps on a fixed random batch, once with
+#    `model.register_comm_hook(None, default_hooks.bf16_compress_hook)` and once without, and return the losses.
+#    Do the two curves differ?
+# 4. Run `hang(mismatched_shapes)` without `TORCH_DISTRIBUTED_DEBUG`. How does the run end now, how long does it
+#    take, and what do the two ranks' lines say? Then make `uneven_epoch` correct by making every rank run the
+#    smallest number of steps: `n = torch.tensor([steps_of[rank]]); dist.all_reduce(n, op=dist.ReduceOp.MIN)`,
+#    then loop over `range(n.item())`.
+# <!-- ja -->
+# ## まとめ
+#
+# - 1対1通信（`send`/`recv`、`isend`/`irecv`）は 2つのランクをつなぎます。集団通信（`broadcast`、`reduce`、`all_reduce`、`reduce_scatter`、`all_gather`、`all_to_all`）はグループのすべてのランクが呼び出します。オールリデュースは、リデュース・スキャッターのあとにオールギャザーを続けたものです。
+# - リング・オールリデュースは、`n / k` 要素ずつのステップを `2(k-1)` 回行います。各ランクが送る量は、ランクの数によらずテンソルのおよそ 2倍です。送信と受信だけで作った `mparlib.collectives.ring_all_reduce` は、整数では `dist.all_reduce` と正確に一致し、実数では丸め誤差の範囲で一致します。
+# - メッセージにかかる時間は `α + n β` です。バス帯域幅（`n / t · 2(k-1)/k`）を使えば、ワールドサイズの違うオールリデュースどうしを比べられます。小さなメッセージはレイテンシで、大きなメッセージは帯域幅で時間が決まります。
+# - DDP は勾配をバケット（`bucket_cap_mb`）ごとにオールリデュースし、それは逆伝播の最中に始まります。通信フックで送るものを決められます（bfloat16 ならバイト数は半分で、勾配の違いは bfloat16 の丸め誤差の範囲です）。`no_sync()` を使うと、マイクロバッチの勾配を累積して、パラメータの更新 1回につきオールリデュース 1回で、同じ更新を行えます。
+# - `k` 個のデバイスでの 1ステップには、おおよそ `B / k` 個のデータの計算と、モデルの勾配のオールリデュースの時間がかかります。オールリデュースが、節約できる計算時間より長くかかるなら、デバイスを増やすと遅くなります。
+# - すべてのランクが、同じ集団通信を、同じ順序で、同じ形で呼び出さなければなりません。タイムアウト、`monitored_barrier`、`TORCH_DISTRIBUTED_DEBUG=DETAIL` を使えば、ハングを、ランクと違いを名指しするメッセージに変えられます。
+#
+# ## 練習問題
+#
+# 1. `all_to_all_single` と `reduce_scatter_tensor` が何を表示するかを予想してから、語彙の実行を 3個のプロセス（`launch(tour, 3)`）で行ってください（リングのセルの最後の assert は 4個のランクを前提にしているので、外してください）。
+# 2. スケーリングのセルが表示した損益分岐の全体のバッチサイズと、その半分と 2倍（偶数にしてください）で、`one_vs_many` を実行し直してください。モデルが予測したところで、2個のプロセスは 1個より遅くなるでしょうか。
+# 3. `ddp_inside` のセルの `stack()` を、固定したランダムなバッチで 100ステップ訓練して損失を返すワーカーを書いてください。`model.register_comm_hook(None, default_hooks.bf16_compress_hook)` を付けた場合と付けない場合で実行し、2つの曲線に違いがあるかを調べてください。
+# 4. `TORCH_DISTRIBUTED_DEBUG` を設定せずに `hang(mismatched_shapes)` を実行してください。実行はどのように終わり、どれだけ時間がかかり、2つのランクの行には何と表示されるでしょうか。次に、すべてのランクがいちばん少ないステップ数だけ進むようにして、`uneven_epoch` を正しく直してください: `n = torch.tensor([steps_of[rank]]); dist.all_reduce(n, op=dist.ReduceOp.MIN)` のあとで `range(n.item())` についてループします。
