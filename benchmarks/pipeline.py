@@ -1,0 +1,139 @@
+"""The pipeline bubble of torch.distributed.pipelining, measured from per-rank timestamps, against the formula.
+
+Claim under test: with p stages of equal cost and m micro-batches, a GPipe or 1F1B schedule keeps each rank idle
+for a fraction (p - 1) / (m + p - 1) of a training step. Goal: on 2 ranks, the measured bubble is within 20% of
+the formula (|measured - formula| <= 0.2 x formula) for m >= 4, with both schedules.
+
+Caveat: idle time includes the time messages take, which the formula leaves out, and a machine with fewer free
+cores than ranks lets the ranks take turns on the cores (a rank waiting for a core looks busy). The 4-rank rows on
+a 2-core machine are therefore recorded but not a test of the formula; the JSON says whether a row had fewer cores
+than ranks, and records the load average at the start.
+
+Hardware and software: recorded in the JSON (CPU count, GPUs, torch version, git commit).
+
+Method: `mparlib.pipeline.measure_bubble` in p processes (gloo on the CPU unless there is a GPU per rank; one
+thread per rank). Every stage is the same stack of `Linear(width, width)` and tanh (`uniform_stage`), so a forward
+or backward pass of one micro-batch is the same work on every rank; a micro-batch has `micro_batch_size` rows
+whatever m is. Each rank wraps its `PipelineStage` in `StageTimes`, which notes when `forward_one_chunk` and
+`backward_one_chunk` start and end (one clock shared by the processes of a machine). For every schedule and m:
+`warmup` untimed steps (the first exchanges shapes), then `steps` timed steps between barriers; a step's bubble is
+1 - (sum of busy intervals over ranks) / (p x (last end - first start)); the median over the timed steps is
+reported beside the formula's value.
+
+    python benchmarks/pipeline.py            # the measurement (about a minute on 2 cores)
+    python benchmarks/pipeline.py --quick    # a short check of the script: small stages, two steps
+Writes benchmarks/results/pipeline-<host>-<date>.json.
+"""
+import argparse
+import json
+import os
+import platform
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from statistics import mean
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from mparlib import pipeline  # noqa: E402
+from mparlib.devices import num_gpus  # noqa: E402
+from mparlib.launch import choose_backend, launch  # noqa: E402
+
+HYPER = {
+    "nprocs": [2, 4],
+    "schedules": ["gpipe", "1f1b"],
+    "micro_batches": [1, 2, 4, 8],
+    "width": 1024,  # each stage: `layers` x (Linear(width, width), tanh)
+    "layers": 8,  # about 20 ms forward, 40 ms backward per micro-batch on one core: messages are small beside it
+    "micro_batch_size": 64,  # rows per micro-batch, the same for every m
+    "warmup": 1,
+    "steps": 5,
+    "threads_per_rank": 1,
+    "goal": {"nproc": 2, "min_micro_batches": 4, "relative_tolerance": 0.2},
+}
+QUICK = {"width": 256, "layers": 2, "micro_batch_size": 16, "steps": 2}
+
+
+def git_commit():
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              timeout=10).stdout.strip() or None
+    except OSError:
+        return None
+
+
+def rows_for(nproc, h):
+    result = launch(pipeline.measure_bubble, nproc, kwargs=dict(
+        schedules=tuple(h["schedules"]), micro_batches=tuple(h["micro_batches"]), width=h["width"], layers=h["layers"],
+        micro_batch_size=h["micro_batch_size"], steps=h["steps"], warmup=h["warmup"]),
+        threads=h["threads_per_rank"], echo=False, timeout=600)
+    rows = []
+    for schedule, by_m in result.items():
+        for m, r in by_m.items():
+            busy = {k: [e - s for notes in r["records"] for kind, _, s, e in notes if kind == k] for k in "FB"}
+            rows.append({"nproc": nproc, "schedule": schedule, "micro_batches": m, "measured": r["measured"],
+                         "formula": r["formula"], "relative_error": (r["measured"] - r["formula"]) / r["formula"],
+                         "steps": r["steps"], "forward_ms": 1e3 * mean(busy["F"]), "backward_ms": 1e3 * mean(busy["B"]),
+                         "backend": choose_backend("auto", nproc),
+                         "fewer_cores_than_ranks": (os.cpu_count() or 1) < nproc and num_gpus() < nproc})
+    return rows
+
+
+def goal_check(rows, goal):
+    judged = [r for r in rows if r["nproc"] == goal["nproc"] and r["micro_batches"] >= goal["min_micro_batches"]]
+    return {"statement": f"measured bubble within {goal['relative_tolerance']:.0%} of (p-1)/(m+p-1) for m >= "
+                         f"{goal['min_micro_batches']} on {goal['nproc']} ranks, both schedules",
+            "rows": [{k: r[k] for k in ("schedule", "micro_batches", "measured", "formula", "relative_error")}
+                     for r in judged],
+            "met": bool(judged) and all(abs(r["relative_error"]) <= goal["relative_tolerance"] for r in judged)}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="small stages and two timed steps: checks the script only")
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    args = ap.parse_args(argv)
+    h = dict(HYPER, **(QUICK if args.quick else {}))
+    t0 = time.time()
+    load = os.getloadavg() if hasattr(os, "getloadavg") else None
+    rows = [row for nproc in h["nprocs"] for row in rows_for(nproc, h)]
+    goal = goal_check(rows, h["goal"])
+    result = {
+        "benchmark": "pipeline",
+        "claim": " ".join(__doc__.split("\n\n")[1].split()),
+        "quick": args.quick,
+        "hyperparameters": h,
+        "rows": rows,
+        "goal": goal | ({"note": "a --quick run checks the script; its numbers are not the measurement"}
+                        if args.quick else {}),
+        "hardware": {"cpu_count": os.cpu_count(), "machine": platform.machine(), "processor": platform.processor(),
+                     "gpus": [torch.cuda.get_device_name(i) for i in range(num_gpus())],
+                     "load_average_at_start": load},
+        "software": {"python": platform.python_version(), "torch": torch.__version__,
+                     "cuda": torch.version.cuda, "git_commit": git_commit()},
+        "seconds": round(time.time() - t0, 1),
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"pipeline-{socket.gethostname()}-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    from mparlib.files import atomic_write_bytes
+
+    atomic_write_bytes(path, (json.dumps(result, indent=2) + "\n").encode())
+    print(f"{'p':>2} {'schedule':<6} {'m':>2} {'measured':>9} {'formula':>8} {'error':>7} {'F ms':>7} {'B ms':>7}")
+    for r in rows:
+        flag = "  (fewer cores than ranks)" if r["fewer_cores_than_ranks"] else ""
+        print(f"{r['nproc']:>2} {r['schedule']:<6} {r['micro_batches']:>2} {r['measured']:>9.3f} {r['formula']:>8.3f} "
+              f"{r['relative_error']:>+7.0%} {r['forward_ms']:>7.2f} {r['backward_ms']:>7.2f}{flag}")
+    print(f"goal ({goal['statement']}): {'met' if goal['met'] else 'NOT met'}"
+          + (" [quick run: not a measurement]" if args.quick else ""))
+    print(f"-> {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

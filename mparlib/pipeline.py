@@ -1,0 +1,196 @@
+"""Pipeline schedules across processes, timed: when every stage works on every micro-batch, and the bubble.
+
+``torch.distributed.pipelining`` runs a model cut into stages, one per rank, under a schedule such as GPipe or
+1F1B. :class:`StageTimes` wraps a ``PipelineStage`` so that it notes when each forward and backward of a
+micro-batch starts and ends; :func:`bubble_fraction` turns the notes of all ranks into the share of time the
+ranks sat idle, to set beside :func:`bubble_formula`, ``(p - 1) / (m + p - 1)``; :func:`draw_timeline` draws the
+notes. :func:`measure_bubble` is the experiment of the chapter and of ``benchmarks/pipeline.py``: stages of equal
+compute (:func:`uniform_stage`), every schedule and number of micro-batches, busy intervals measured on each rank.
+Explained in 10_model_parallel.
+"""
+import time
+from statistics import median
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn import functional as F
+
+from .errors import ConfigError
+from .lang import tr
+
+KINDS = {"F": ("forward", "順伝播"), "B": ("backward", "逆伝播")}
+
+
+def _schedules():
+    from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe
+
+    return {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
+
+
+def schedule_class(name):
+    """The ``torch.distributed.pipelining`` schedule called ``"gpipe"`` or ``"1f1b"``. Explained in 10_model_parallel."""
+    schedules = _schedules()
+    if name not in schedules:
+        raise ConfigError(tr(f"schedule={name!r}: use one of {sorted(schedules)}.",
+                             f"schedule={name!r}: {sorted(schedules)} のどれかを指定してください。"))
+    return schedules[name]
+
+
+def bubble_formula(num_stages, micro_batches):
+    """The idle share of a pipeline of equal stages: ``(p - 1) / (m + p - 1)``. Explained in 10_model_parallel.
+
+    Each of the ``p`` ranks is busy for ``m`` micro-batches' worth of forward and backward work out of a step that
+    lasts ``m + p - 1`` of them: the first micro-batch needs ``p - 1`` steps to reach the last stage, and its
+    gradient as many to come back. GPipe and 1F1B have the same bubble; 1F1B keeps fewer activations alive.
+    """
+    for name, v in (("num_stages", num_stages), ("micro_batches", micro_batches)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ConfigError(tr(f"bubble_formula: {name}={v!r}; use a positive int.",
+                                 f"bubble_formula: {name}={v!r} です。正の整数を指定してください。"))
+    return (num_stages - 1) / (micro_batches + num_stages - 1)
+
+
+class StageTimes:
+    """Wraps a ``PipelineStage`` to note when each forward and backward starts and ends. Explained in 10_model_parallel.
+
+    The schedule calls the stage's ``forward_one_chunk`` and ``backward_one_chunk`` once per micro-batch; the
+    wrapped methods append ``(kind, micro_batch, start, end)`` to :attr:`records`, ``kind`` ``"F"`` or ``"B"``,
+    times in seconds of ``time.perf_counter`` (one clock shared by all processes of a machine). Only the stage's
+    computation is timed, not the sends and receives around it. On a GPU the device is synchronised before each
+    reading, so that the interval holds the kernels and not just their launch.
+    """
+
+    def __init__(self, stage, device=None):
+        self.stage, self.records = stage, []
+        self.cuda = device is not None and torch.device(device).type == "cuda"
+        self.device = device
+        for method, kind in (("forward_one_chunk", "F"), ("backward_one_chunk", "B")):
+            self._wrap(method, kind)
+
+    def _now(self):
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
+
+    def _wrap(self, method, kind):
+        inner = getattr(self.stage, method)
+
+        def timed(chunk_id, *args, **kwargs):
+            start = self._now()
+            out = inner(chunk_id, *args, **kwargs)
+            self.records.append((kind, chunk_id, start, self._now()))
+            return out
+
+        setattr(self.stage, method, timed)  # the schedule looks the method up on the stage object
+
+    def clear(self):
+        """Forget what was recorded (call before each step you mean to measure)."""
+        self.records = []
+
+
+def bubble_fraction(records_per_rank):
+    """The idle share of one step, from every rank's ``(kind, micro_batch, start, end)`` notes. Explained in 10_model_parallel.
+
+    The step lasts from the first start to the last end over all ranks; each rank is busy for the sum of its
+    intervals; the bubble is ``1 - total busy / (ranks x step)``. Waiting for a message counts as idle.
+    """
+    records = [r for rank in records_per_rank for r in rank]
+    if not records or any(not rank for rank in records_per_rank):
+        raise ConfigError(tr("bubble_fraction needs the notes of every rank, each with at least one interval.",
+                             "bubble_fraction には、すべてのランクの記録（それぞれ 1つ以上の区間）が必要です。"))
+    span = max(r[3] for r in records) - min(r[2] for r in records)
+    busy = sum(r[3] - r[2] for r in records)
+    return 1 - busy / (len(records_per_rank) * span)
+
+
+def uniform_stage(width, layers):
+    """A stage of ``layers`` x (``Linear(width, width)``, tanh): equal, non-trivial work per stage. Explained in 10_model_parallel.
+
+    ``(B, width) -> (B, width)``. Every stage of the bubble experiment is one of these, so that forward and backward
+    of a micro-batch take the same time on every rank, as the formula assumes.
+    """
+    return nn.Sequential(*(m for _ in range(layers) for m in (nn.Linear(width, width), nn.Tanh())))
+
+
+def measure_bubble(schedules=("gpipe", "1f1b"), micro_batches=(1, 2, 4, 8), width=512, layers=4,
+                   micro_batch_size=32, steps=3, warmup=1, seed=0):
+    """Worker: measure the bubble of each schedule and number of micro-batches. Explained in 10_model_parallel.
+
+    Run it in ``p`` processes (``launch(measure_bubble, p, ...)``): rank ``r`` holds stage ``r`` of ``p`` equal
+    stages (:func:`uniform_stage`). For every schedule and ``m`` it builds a fresh ``PipelineStage``, runs
+    ``warmup`` untimed steps (the first one exchanges shapes), then ``steps`` timed ones, each between barriers,
+    with ``m`` micro-batches of ``micro_batch_size`` rows (the micro-batch stays the same size, so the work per
+    interval does not change with ``m``). Rank 0 returns ``{schedule: {m: {"measured", "formula", "steps",
+    "records"}}}``: the median bubble over the timed steps, the formula's value, each step's bubble, and the
+    notes of every rank in the last step, with times in seconds from that step's first start. 1F1B needs at least
+    as many micro-batches as stages: smaller ``m`` are left out of its entry.
+    """
+    from torch.distributed.pipelining import PipelineStage
+
+    from .launch import device as rank_device
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    dev = rank_device()
+    torch.manual_seed(seed + rank)
+    stage_module = uniform_stage(width, layers).to(dev)
+    results = {}
+    for name in schedules:
+        results[name] = {}
+        for m in micro_batches:
+            if name == "1f1b" and m < world:  # 1F1B refuses fewer micro-batches than stages
+                continue
+            stage = PipelineStage(stage_module, rank, world, dev)
+            timer = StageTimes(stage, dev)
+            schedule = schedule_class(name)(stage, n_microbatches=m, loss_fn=F.mse_loss)
+            gen = torch.Generator().manual_seed(seed)
+            x = torch.randn(m * micro_batch_size, width, generator=gen).to(dev)
+            target = torch.randn(m * micro_batch_size, width, generator=gen).to(dev)
+            bubbles, notes = [], None
+            for step in range(warmup + steps):
+                timer.clear()
+                dist.barrier()
+                if rank == 0:
+                    schedule.step(x)
+                elif rank == world - 1:
+                    schedule.step(target=target)
+                else:
+                    schedule.step()
+                stage_module.zero_grad(set_to_none=True)
+                notes = [None] * world
+                dist.all_gather_object(notes, timer.records)
+                if step >= warmup:
+                    bubbles.append(bubble_fraction(notes))
+            zero = min(r[2] for rank_notes in notes for r in rank_notes)
+            notes = [[(k, i, s - zero, e - zero) for k, i, s, e in rank_notes] for rank_notes in notes]
+            results[name][m] = {"measured": median(bubbles), "formula": bubble_formula(world, m),
+                                "steps": bubbles, "records": notes}
+    return results if rank == 0 else None
+
+
+def draw_timeline(ax, records_per_rank, title="", unit=1e3, xlabel=None, row_label=None):
+    """Draw each rank's notes as a row of bars: forward filled, backward hatched. Explained in 10_model_parallel.
+
+    ``records_per_rank[r]`` lists rank ``r``'s ``(kind, micro_batch, start, end)``; times are multiplied by ``unit``
+    (``1e3``: seconds to milliseconds; ``1`` for a simulated schedule counted in ticks). Bars are coloured by
+    micro-batch and numbered; rows are called "rank r" unless ``row_label`` (a function of ``r``) names them;
+    labels are in the notebook's language.
+    """
+    from matplotlib.patches import Patch
+
+    for r, notes in enumerate(records_per_rank):
+        for kind, i, start, end in notes:
+            ax.broken_barh([(start * unit, (end - start) * unit)], (r - 0.4, 0.8), facecolors=f"C{i % 10}",
+                           edgecolor="black", linewidth=0.5, hatch="//" if kind == "B" else None,
+                           alpha=0.55 if kind == "B" else 1.0)
+            ax.text((start + end) / 2 * unit, r, str(i), ha="center", va="center", fontsize=8)
+    row_label = row_label or (lambda r: tr(f"rank {r}", f"ランク {r}"))
+    ax.set_yticks(range(len(records_per_rank)), [row_label(r) for r in range(len(records_per_rank))])
+    ax.set_ylim(len(records_per_rank) - 0.5, -0.5)
+    ax.set_title(title, fontsize=10)
+    ax.set_xlabel(xlabel if xlabel is not None else tr("time (ms)", "時間（ms）"))
+    kinds = [k for k in KINDS if any(kind == k for notes in records_per_rank for kind, *_ in notes)]
+    ax.legend(handles=[Patch(facecolor="white", edgecolor="black", hatch="//" if k == "B" else None,
+                             label=tr(*KINDS[k])) for k in kinds], fontsize=8, loc="center left",
+              bbox_to_anchor=(1.01, 0.5))  # beside the axes, never over a bar
+    return ax
