@@ -102,7 +102,8 @@ def fsdp_load(root, dtype):
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
     net, opt = _fsdp(dtype, seed=1)
-    nn.functional.cross_entropy(net(torch.zeros(2, 1, 28, 28, dtype=dtype)), torch.zeros(2, dtype=torch.long)).backward()
+    X, y = torch.zeros(2, 1, 28, 28, dtype=dtype), torch.zeros(2, dtype=torch.long)
+    nn.functional.cross_entropy(net(X), y).backward()
     opt.step()  # creates the optimizer state that the checkpoint then overwrites
     model_state, optim_state = get_state_dict(net, opt)
     state = {"model": model_state, "optim": optim_state}
