@@ -63,6 +63,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/ddp_throughput.py
 	$(PY) benchmarks/train_throughput.py
 	$(PY) benchmarks/collectives.py
+	$(PY) benchmarks/sharding.py
 	$(PY) benchmarks/pipeline.py
 
 # On a machine with a CUDA GPU: every GPU path once in about 10 minutes (the GPU tests, the benchmarks' GPU modes,

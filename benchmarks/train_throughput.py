@@ -5,7 +5,9 @@ d2l-style loop of chapter 05 without losing accuracy:
   - GPU (one H200-class GPU): >= 10x the baseline's images/s in the same run, and test accuracy >= 0.91 on the full
     test set within <= 15 s of training time;
   - CPU: >= 1.5x the baseline's images/s at the same batch size;
-  - test accuracy after the same number of epochs within 0.5 points of the baseline's, or better.
+  - test accuracy after the same number of epochs within 0.5 points of the baseline's, or better, in a setting where
+    both loops learn (a comparison counts only when both reach the "learned" accuracy of that setting: 0.75 in the
+    CPU's short runs of a narrow ResNet-18, 0.88 in the GPU's 10 full epochs).
 The JSON written says, for each goal, what was measured and whether the goal was met.
 
 Hardware and software (device names, CPU count, load average, torch/CUDA/cuDNN versions, git commit) are recorded
@@ -26,8 +28,10 @@ What runs, all in one process on one device (cuda:0, else the CPU), on the same 
                      are measured in the same run with large matrix products (fp32, and bf16 on GPUs and on CPUs
                      with bf16 units), so each row reports achieved TFLOP/s and its fraction of the peak of the
                      precision it computes in.
-  accuracy           both loops for the same number of epochs on a small subset, test accuracy after each epoch
-                     (default on a CPU; a GPU measures it on the full set in time-to-accuracy).
+  accuracy           both loops for the same number of epochs on a subset, test accuracy after each epoch, with the
+                     narrow ResNet-18 of the course's smoke profile (resnet18(10, width=16): the same layers, a
+                     quarter of the channels) so that both learn within minutes on a CPU (default on a CPU; a GPU
+                     measures it on the full set with d2l's width in time-to-accuracy).
   time-to-accuracy   both loops on the full data set (60,000 / 10,000 images) for the same number of epochs: training
                      seconds until test accuracy >= 0.91 (evaluation and the fast path's untimed compile warm-up are
                      reported separately). Default on a GPU; skipped on a CPU with the reason recorded (hours).
@@ -66,9 +70,9 @@ HYPER = {
                        "configs": {"baseline": {"batch_size": 64},
                                    "fast": {"batch_size": 64, "fast": {}},
                                    "fast, fp32": {"batch_size": 64, "fast": {"precision": "fp32"}}}},
-        "accuracy": {"subset": [1024, 512], "num_epochs": 2,
-                     "baseline": {"batch_size": 64, "lr": 0.05},  # chapter 05's smoke run
-                     "fast": {"batch_size": 64, "lr": 0.05}},  # peak lr; momentum 0.9 makes each step ~10x longer
+        "accuracy": {"subset": [6000, 1000], "num_epochs": 2, "width": 16, "learned": 0.75,
+                     "baseline": {"batch_size": 32, "lr": 0.05},  # chapter 05's smoke run: plain SGD
+                     "fast": {"batch_size": 32, "lr": 0.05}},  # chapter 07's: peak lr, Nesterov momentum 0.9
         "time_to_accuracy": None,  # skipped: see main()
         "peak": {"matmul_n": 2048, "repeats": 5},
     },
@@ -79,7 +83,7 @@ HYPER = {
                                    "fast, batch 1024": {"batch_size": 1024, "fast": {}},
                                    "fast, batch 1024, no compile": {"batch_size": 1024, "fast": {"compile": False}}}},
         "accuracy": None,  # measured on the full set by time_to_accuracy
-        "time_to_accuracy": {"target": 0.91, "num_epochs": 10,
+        "time_to_accuracy": {"target": 0.91, "num_epochs": 10, "width": 64, "learned": 0.88,
                              "baseline": {"batch_size": 256, "lr": 0.1},  # d2l's one-GPU run
                              "fast": {"batch_size": 512, "lr": 0.2}},
         "peak": {"matmul_n": 8192, "repeats": 10},
@@ -199,7 +203,8 @@ def train_to_accuracy(device, hp, which, subset, num_epochs, quick):
         torch.manual_seed(HYPER["seed"])
         t = time.perf_counter()
         try:
-            h = T.train(resnet18(10), [device], batch_size=cfg["batch_size"], lr=cfg["lr"], num_epochs=num_epochs,
+            h = T.train(resnet18(10, width=hp.get("width", 64)), [device], batch_size=cfg["batch_size"], lr=cfg["lr"],
+                        num_epochs=num_epochs,
                         data=data_args, animator=False, progress=False, verbose=False, fast=fast)
             break
         except Exception as e:
@@ -209,12 +214,26 @@ def train_to_accuracy(device, hp, which, subset, num_epochs, quick):
             traceback.print_exc()
             fast = fastpath.FastPath(compile=False)
     wall = time.perf_counter() - t
-    return {"loop": which, "batch_size": cfg["batch_size"], "lr": cfg["lr"], "num_epochs": num_epochs,
+    return {"loop": which, "width": hp.get("width", 64), "batch_size": cfg["batch_size"], "lr": cfg["lr"],
+            "num_epochs": num_epochs,
             "error_with_compile": error,
             "subset": subset, "test_acc": [round(a, 4) for a in h.test_acc], "train_loss": [round(v, 4) for v in
                                                                                            h.train_loss],
             "train_seconds": [round(s, 3) for s in h.seconds], "images_per_s": [round(v, 1) for v in h.images_per_s],
             "wall_seconds_with_evaluation": round(wall, 2), "fast_settings": h.fast}
+
+
+def accuracy_verdict(baseline, fast, learned):
+    """Whether the fast path kept the baseline's accuracy; ``met`` is None unless both runs learned (a comparison
+    with a run that stayed near chance says nothing)."""
+    final = {"baseline": baseline["test_acc"][-1], "fast": fast["test_acc"][-1]}
+    both = all(a >= learned for a in final.values())
+    diff = 100 * (final["fast"] - final["baseline"])
+    return {"learned_threshold": learned, "both_learned": both,
+            "met": (diff >= -GOALS["accuracy_points"]) if both else None,
+            "verdict": (("kept" if diff >= -GOALS["accuracy_points"] else "lost") if both else
+                        "not comparable: " + ", ".join(f"{k} {v:.4f}" for k, v in final.items() if v < learned)
+                        + f" below the learned threshold {learned}")}
 
 
 def seconds_to(target, run):
@@ -360,10 +379,10 @@ def main(argv=None):
         runs = [train_to_accuracy(device, acc, w, tuple(subset), epochs, args.quick) for w in ("baseline", "fast")]
         diff = runs[1]["test_acc"][-1] - runs[0]["test_acc"][-1]
         result["accuracy"] = {"runs": runs, "test_acc_difference_points": round(100 * diff, 2),
-                              "met": 100 * diff >= -GOALS["accuracy_points"],
-                              "note": f"small subset {subset}: a quick check, noisier than the full-data comparison"}
+                              **accuracy_verdict(runs[0], runs[1], acc["learned"]),
+                              "note": f"subset {subset}: a short run, noisier than the full-data comparison"}
         print(f"accuracy after {epochs} epoch(s) on subset {subset}: baseline {runs[0]['test_acc'][-1]:.4f}, "
-              f"fast {runs[1]['test_acc'][-1]:.4f}", flush=True)
+              f"fast {runs[1]['test_acc'][-1]:.4f}: {result['accuracy']['verdict']}", flush=True)
 
     if "time-to-accuracy" in parts:
         tta = hp["time_to_accuracy"]
@@ -387,7 +406,8 @@ def main(argv=None):
             fast_s = runs["fast"]["seconds_to_target"]
             result["time_to_accuracy"] = {
                 "target": target, "runs": runs, "test_acc_difference_points_after_same_epochs": round(100 * diff, 2),
-                "accuracy_met": 100 * diff >= -GOALS["accuracy_points"],
+                **{f"accuracy_{k}": v
+                   for k, v in accuracy_verdict(runs["baseline"], runs["fast"], tta["learned"]).items()},
                 "time_goal_met": fast_s is not None and fast_s <= GOALS["time_to_accuracy_s"]}
 
     result["load_average_1min_before_after"] = [load_before, round(os.getloadavg()[0], 2)]

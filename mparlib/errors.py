@@ -53,8 +53,13 @@ class LaunchError(MparlibError, RuntimeError):
 class WorkerFailed(LaunchError):
     """A process started by ``mparlib.launch.launch`` failed; the message names the rank and ends with its log.
 
-    Explained in 06_ddp.
+    Explained in 06_ddp. ``rank`` is the rank that failed first and ``cause`` says how, in one line (both ``None``
+    when unknown); the full message adds the end of that rank's log.
     """
+
+    def __init__(self, message, *, rank=None, cause=None):
+        super().__init__(message)
+        self.rank, self.cause = rank, cause
 
 
 class TrainingDiverged(MparlibError, ArithmeticError):

@@ -224,7 +224,7 @@ def _failure(ended, run_dir, log_paths, offsets):
         how = tr(f"rank {first} exited with code {code}", f"ランク {first} が終了コード {code} で終了しました")
     return WorkerFailed(tr(f"{how}; the other processes were stopped. End of rank {first}'s log:\n",
                            f"{how}。他のプロセスは停止しました。ランク {first} のログの末尾:\n")
-                        + _tail(log_paths[first], offsets[first]))
+                        + _tail(log_paths[first], offsets[first]), rank=first, cause=how)
 
 
 def _tail(path, offset=0, lines=25):

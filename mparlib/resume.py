@@ -15,7 +15,8 @@ from .errors import CheckpointError, MparlibError
 from .lang import tr
 
 CHECKPOINT_FORMAT = "mparlib.ddp/1"  # the "run" entry of a checkpoint written by save_run
-SAME_ON_RESUME = ("model", "batch_size", "lr", "momentum", "weight_decay", "subset", "seed", "sync_bn")
+SAME_ON_RESUME = ("model", "width", "batch_size", "lr", "momentum", "weight_decay", "subset", "seed", "sync_bn")
+_ADDED_LATER = {"width": 64}  # settings older checkpoints lack, with the value those runs used
 
 
 def sampler_state(sampler, next_epoch):
@@ -63,8 +64,8 @@ def read_checkpoint(cfg):
         raise CheckpointError(foreign)
     now = {k: v for k, v in dataclasses.asdict(cfg).items() if k in SAME_ON_RESUME}
     norm = lambda v: list(v) if isinstance(v, tuple) else v  # noqa: E731  (a tuple is saved as a list)
-    diff = [f"{k}: checkpoint {ckpt['config'].get(k)!r}, now {now[k]!r}" for k in SAME_ON_RESUME
-            if norm(ckpt["config"].get(k)) != norm(now[k])]
+    then = {k: ckpt["config"].get(k, _ADDED_LATER.get(k)) for k in SAME_ON_RESUME}
+    diff = [f"{k}: checkpoint {then[k]!r}, now {now[k]!r}" for k in SAME_ON_RESUME if norm(then[k]) != norm(now[k])]
     if diff:
         raise CheckpointError(tr("--resume continues a run with the same settings, but these differ: ",
                                  "--resume は同じ設定で訓練を続けますが、次の設定が異なります: ") + "; ".join(diff)

@@ -13,6 +13,8 @@ from typing import Callable
 import torch
 from torch import nn
 
+from .parallel import data_parallel
+
 
 def make_optimizer(net, lr):
     """The optimiser of chapter 05: plain minibatch SGD. Explained in 07_performance."""
@@ -41,6 +43,71 @@ def train_step(net, X, y, loss_fn, optimizer, autocast=contextlib.nullcontext):
     optimizer.step()
     with torch.no_grad():
         return loss.detach() * len(y), (y_hat.argmax(dim=1) == y).sum(), len(y)
+
+
+@contextlib.contextmanager
+def _threads_per_replica(k):
+    """Give each of ``k`` replica threads its share of the CPU threads while they run, then restore the count."""
+    before = torch.get_num_threads()
+    share = max(1, before // k)
+    if share == before:
+        yield
+        return
+    torch.set_num_threads(share)  # a thread started inside picks up this count (oversubscribed cores crawl)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+class SimulatedDataParallel(nn.Module):
+    """``nn.DataParallel``'s forward over a device listed several times (``["cpu"] * 2``).
+
+    Explained in 05_multi_gpu_resnet.
+
+    Each forward pass is ``mparlib.parallel.data_parallel(module, X, devices)``: replicate the module, split the
+    batch, run the replicas in threads, gather the outputs on ``devices[0]``. Gradients of all replicas flow back
+    into ``module``'s parameters, so the optimiser steps the one model. As with ``nn.DataParallel``, batch norm in
+    training mode normalises each replica's part of the batch with that part's statistics, and the running
+    statistics are updated from replica 0's part only.
+    """
+
+    def __init__(self, module, devices):
+        super().__init__()
+        self.module = module
+        self.devices = list(devices)
+
+    def forward(self, *inputs, **kwargs):
+        cpus = sum(torch.device(d).type == "cpu" for d in self.devices)
+        with _threads_per_replica(cpus) if cpus > 1 else contextlib.nullcontext():
+            return data_parallel(self.module, inputs, self.devices, module_kwargs=kwargs)
+
+
+def _simulated(devices):
+    return len(devices) > 1 and len(set(map(torch.device, devices))) < len(devices)
+
+
+def wrap_model(module, devices):
+    """What a step calls on ``devices``: the module itself, ``nn.DataParallel`` over several GPUs, or
+    :class:`SimulatedDataParallel` over one device listed several times. Explained in 05_multi_gpu_resnet."""
+    if len(devices) == 1:
+        return module
+    if not _simulated(devices) and all(torch.device(d).type == "cuda" for d in devices):
+        return nn.DataParallel(module, device_ids=devices)
+    return SimulatedDataParallel(module, devices)
+
+
+def describe_devices(devices):
+    """In words, how a step uses ``devices``, for a notebook to print. Explained in 05_multi_gpu_resnet."""
+    from .lang import tr
+
+    k, first = len(devices), torch.device(devices[0])
+    if k == 1:
+        return tr(f"one device, {first}: no wrapper", f"1つのデバイス（{first}）。ラッパーなし")
+    if _simulated(devices):
+        return tr(f"{k} simulated devices on {first}: each batch is split by mparlib.parallel.data_parallel",
+                  f"{first} 上の {k}つの模擬デバイス。各バッチを mparlib.parallel.data_parallel で分けます")
+    return tr(f"{k} GPUs: each batch is split by nn.DataParallel", f"GPU {k}枚。各バッチを nn.DataParallel で分けます")
 
 
 @dataclass

@@ -5,9 +5,12 @@ GPUs, initialises its weights (lazy layers included), trains with SGD, plots tra
 and returns a :class:`History`. Ctrl-C (or the notebook's stop button) ends training early and still returns
 the epochs done so far; a loss that becomes NaN or infinite stops it with :class:`mparlib.errors.TrainingDiverged`.
 
-One step is made of small parts (``make_optimizer``, ``autocast_context``, ``move_batch``, ``train_step``, in
-``mparlib.step``) gathered in a ``StepPlan``. The epoch loop runs whatever plan it is given: chapter 05's
-(``classic_plan``), or with ``train(..., fast=True)`` the fast path of 07_performance (``mparlib.fastpath.plan``).
+With the CPU listed several times (``["cpu"] * 2``) the devices are simulated: each batch is split by the course's
+own ``mparlib.parallel.data_parallel`` (``mparlib.step.SimulatedDataParallel``), so the data-parallel step can be
+watched on a machine without GPUs. One step is made of small parts (``make_optimizer``, ``autocast_context``,
+``move_batch``, ``train_step``, in ``mparlib.step``) gathered in a ``StepPlan``. The epoch loop runs whatever plan
+it is given: chapter 05's (``classic_plan``), or with ``train(..., fast=True)`` the fast path of 07_performance
+(``mparlib.fastpath.plan``).
 
 The chapter-5 experiment as a script (``mparlib.train_cli``; it writes into a new folder under ``runs/`` unless
 told where)::
@@ -34,7 +37,8 @@ from .models import init_weights, lazy_modules
 from .parallel import scatter
 from .progress import progress_bar
 # the parts of one step live in mparlib.step; chapters 05 and 07 use them under these names
-from .step import StepPlan, autocast_context, classic_plan, make_optimizer, move_batch, train_step  # noqa: F401
+from .step import (StepPlan, autocast_context, classic_plan, make_optimizer, move_batch, train_step,  # noqa: F401
+                   wrap_model)
 from .timing import Timer
 
 
@@ -44,23 +48,24 @@ def check_devices(devices, *, simulated=False):
     ``None`` means ``mparlib.try_all_gpus()``; one device alone (``"cpu"``, ``0``) means a list of one. Parsing and
     existence are checked by :func:`mparlib.devices.check_devices`; on top, several devices must all be GPUs,
     because ``nn.DataParallel`` splits a batch over CUDA devices only, and none may appear twice. ``simulated=True``
-    also accepts the CPU listed k times (``["cpu"] * 2``), which :func:`evaluate_accuracy` splits batches over.
+    also accepts one device listed k times (``["cpu"] * 2``, ``["cuda:0"] * 2``): k simulated devices, which
+    :func:`train` and :func:`evaluate_accuracy` split batches over with ``mparlib.parallel``.
     """
     if devices is None:
         return _devices.try_all_gpus()
     if isinstance(devices, (str, int, torch.device)):
         return [_devices.check_device(devices, "devices")]
     devices = _devices.check_devices(devices)
-    if simulated and all(d.type == "cpu" for d in devices):
+    if simulated and all(d == devices[0] for d in devices):
         return devices
     if len(devices) > 1 and devices[0].type != "cuda":
         raise DeviceError(tr(
             f"nn.DataParallel splits a batch over CUDA GPUs only, so {devices} cannot be used together. "
-            "Train on one device, e.g. devices=[torch.device('cpu')] (03_primitives simulates several devices on the "
-            "CPU with mparlib.parallel.data_parallel).",
+            "Train on one device, e.g. devices=[torch.device('cpu')], or simulate several devices on the CPU with "
+            "devices=['cpu'] * 2 (mparlib.parallel.data_parallel splits each batch, as in 03_primitives).",
             f"nn.DataParallel がミニバッチを分配できるのは CUDA の GPU だけなので、{devices} はまとめて使えません。"
-            "devices=[torch.device('cpu')] のように 1つのデバイスで訓練してください（CPU 上で複数のデバイスを模擬する"
-            "方法は 03_primitives 章の mparlib.parallel.data_parallel で扱います）。"))
+            "devices=[torch.device('cpu')] のように 1つのデバイスで訓練するか、devices=['cpu'] * 2 として CPU 上で"
+            "複数のデバイスを模擬してください（3章と同じく mparlib.parallel.data_parallel が各バッチを分けます）。"))
     if len(set(devices)) != len(devices):
         raise DeviceError(tr(f"A device appears twice in {devices}: list each device once.",
                              f"{devices} に同じデバイスが 2回あります。各デバイスは 1回だけ指定してください。"))
@@ -160,7 +165,9 @@ class History:
         """d2l's one-line result: ``test acc: 0.91, 12.3 sec/epoch on [device(type='cuda', index=0)]``."""
         if not self.test_acc:
             return tr("no epoch finished", "終了したエポックはありません")
-        return f"test acc: {self.test_acc[-1]:.2f}, {self.sec_per_epoch():.1f} sec/epoch on {self.devices}"
+        acc, sec = self.test_acc[-1], self.sec_per_epoch()
+        return tr(f"test acc: {acc:.2f}, {sec:.1f} sec/epoch on {self.devices}",
+                  f"テスト精度: {acc:.2f}、1エポック {sec:.1f}秒、デバイス: {self.devices}")
 
     def to_dict(self):
         """Plain data (devices as strings), e.g. for ``json.dump``."""
@@ -329,7 +336,8 @@ def train(net, devices=None, *, batch_size=None, lr, num_epochs, data=None, anim
     """Train ``net`` with SGD and cross-entropy on ``devices``; a :class:`History`. Explained in 05_multi_gpu_resnet.
 
     - ``devices``: a list of devices (default ``mparlib.try_all_gpus()``), checked by :func:`check_devices`. The
-      model is moved to ``devices[0]``; with several GPUs it is wrapped in ``nn.DataParallel``.
+      model is moved to ``devices[0]``; with several GPUs it is wrapped in ``nn.DataParallel``, with the CPU listed
+      several times in ``mparlib.step.SimulatedDataParallel`` (simulated devices).
     - ``data``: ``(train_iter, test_iter)``, each iterable once per epoch, or ``None``/a dict of arguments for
       ``mparlib.data.load_fashion_mnist(batch_size, ...)``.
     - ``init=True`` draws conv/linear weights from N(0, 0.01^2) as d2l does, lazy layers included
@@ -341,7 +349,7 @@ def train(net, devices=None, *, batch_size=None, lr, num_epochs, data=None, anim
     - ``fast``: ``True`` or a ``mparlib.fastpath.FastPath`` trains on one device with the fast parts of
       07_performance (``lr`` is then the peak of the schedule); the epoch loop, the evaluation and the history stay.
     """
-    devices = check_devices(devices)
+    devices = check_devices(devices, simulated=True)
     _check_arguments(lr, num_epochs, batch_size)
     module = _plain_model(net)
     fast = fastpath.FastPath.for_train(fast, devices)  # None: the classic loop
@@ -355,7 +363,7 @@ def train(net, devices=None, *, batch_size=None, lr, num_epochs, data=None, anim
                 raise _no_batch("test_iter")
             example = _pair(first, "test_iter")[0][:1].to(devices[0])
         init_weights(module, example)
-    model = nn.DataParallel(module, device_ids=devices) if len(devices) > 1 else module
+    model = wrap_model(module, devices)  # the module, nn.DataParallel, or simulated devices
     step = (classic_plan(model, devices[0], lr) if fast is None else
             fastpath.plan(module, devices[0], fast, lr, num_epochs, batch_size, train_iter, test_iter))
     if animator is True:
@@ -369,7 +377,7 @@ def train(net, devices=None, *, batch_size=None, lr, num_epochs, data=None, anim
                 sums = _Sums(devices[0], epoch)
                 seconds = _train_epoch(step, train_iter, devices[0], sums, num_epochs, animator, progress)
                 loss = sums.check()
-                test_acc = evaluate_accuracy(model, test_iter, devices)  # the eager model, fp32
+                test_acc = evaluate_accuracy(module, test_iter, devices)  # the eager, unwrapped model, fp32
                 history.train_loss.append(loss)
                 history.train_acc.append(int(sums.correct) / sums.count)
                 history.test_acc.append(test_acc)

@@ -3,6 +3,7 @@
 Every run here is tiny (an MLP, a few hundred Fashion-MNIST images, 2 processes with one thread each): what is
 tested is the arithmetic and the plumbing, not the speed.
 """
+import dataclasses
 import os
 import signal
 import socket
@@ -336,3 +337,39 @@ def test_a_second_run_in_the_same_folder_is_refused_naming_the_first(tmp_path):
     finally:
         first.kill()
         first.wait()
+
+
+# ------------------------------------------------------------------------------------------------ width
+
+def test_the_ddp_resnet18_takes_the_course_width():
+    from mparlib import models
+    from mparlib.errors import ConfigError
+
+    torch.manual_seed(0)
+    narrow = ddp.make_model("resnet18", width=16)
+    assert [tuple(p.shape) for p in narrow.parameters()] == [
+        tuple(p.shape) for p in models.resnet18(10, width=16).parameters()]
+    assert ddp.DDPConfig().width == 64 and ddp._parser().parse_args(["--width", "16"]).width == 16
+    with pytest.raises(ConfigError, match="width=16 applies to model='resnet18' only"):
+        ddp.make_model("mlp", width=16)
+    with pytest.raises(ConfigError, match="width=16 applies to model='resnet18' only"):
+        ddp.check_run(ddp.DDPConfig(**{**RUN, "width": 16}), 2, "gloo")
+    with pytest.raises(ConfigError, match="width=0: use an int >= 1"):
+        ddp.check_run(ddp.DDPConfig(model="resnet18", width=0), 2, "gloo")
+
+
+def test_resume_checks_the_width_and_reads_checkpoints_written_before_it_existed(uninterrupted, tmp_path):
+    from mparlib.errors import CheckpointError
+    from mparlib.resume import read_checkpoint
+
+    ckpt = torch.load(uninterrupted[0] / "checkpoint.pt", map_location="cpu", weights_only=True)
+    assert ckpt["config"]["width"] == 64
+    torch.save({**ckpt, "config": {**ckpt["config"], "width": 16}}, tmp_path / "checkpoint.pt")
+    cfg = ddp.DDPConfig(**RUN, out=str(tmp_path), resume=True)
+    with pytest.raises(CheckpointError, match="these differ: width: checkpoint 16, now 64"):
+        read_checkpoint(cfg)
+    older = {k: v for k, v in ckpt["config"].items() if k != "width"}  # a run from before the width setting
+    torch.save({**ckpt, "config": older}, tmp_path / "checkpoint.pt")
+    assert read_checkpoint(cfg)["epoch"] == 2
+    with pytest.raises(CheckpointError, match="width: checkpoint 64, now 16"):
+        read_checkpoint(dataclasses.replace(cfg, width=16))

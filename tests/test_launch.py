@@ -61,8 +61,9 @@ def test_a_course_error_in_a_worker_comes_back_as_itself():
 
 
 def test_a_rank_killed_by_a_signal_is_the_cause_and_its_log_is_shown():
-    with pytest.raises(WorkerFailed, match=r"(?s)^rank 1 was killed by signal SIGKILL.*working on step 3"):
+    with pytest.raises(WorkerFailed, match=r"(?s)^rank 1 was killed by signal SIGKILL.*working on step 3") as e:
         launch.launch(killed_mid_run, 2, args=(1,), echo=False)
+    assert e.value.rank == 1 and e.value.cause == "rank 1 was killed by signal SIGKILL"
 
 
 def test_a_collective_that_one_rank_skips_ends_at_the_timeout():

@@ -147,3 +147,34 @@ def test_an_infinite_std_would_otherwise_fill_the_weights_with_infinities():
 
     with pytest.raises(ConfigError, match="std=inf must be a positive finite number"):
         models.init_weights(nn.Linear(3, 3), std=float("inf"))
+
+
+@pytest.mark.parametrize("width", [16, 8])
+def test_a_narrower_resnet18_keeps_every_layer_and_only_scales_channels(width):
+    """width=w is d2l's network with every channel count multiplied by w/64: same layers, kernels, strides."""
+    wide, narrow = models.resnet18(10), models.resnet18(10, width=width)
+    pairs = list(zip(wide.named_modules(), narrow.named_modules()))
+    assert len(pairs) == len(list(wide.modules())) == len(list(narrow.modules()))
+    scale = lambda c: c * width // 64  # noqa: E731
+    for (name, a), (name_b, b) in pairs:
+        assert name == name_b and type(a) is type(b), name
+        if isinstance(a, nn.Conv2d):
+            assert (b.kernel_size, b.stride, b.padding) == (a.kernel_size, a.stride, a.padding), name
+            assert b.out_channels == scale(a.out_channels), name
+            assert b.in_channels == (1 if a.in_channels == 1 else scale(a.in_channels)), name
+        elif isinstance(a, nn.BatchNorm2d):
+            assert b.num_features == scale(a.num_features), name
+        elif isinstance(a, nn.Linear):
+            assert (b.in_features, b.out_features) == (scale(a.in_features), 10), name
+    X = torch.zeros(2, 1, 28, 28)
+    assert narrow(X).shape == (2, 10)
+    assert models.num_params(narrow) < models.num_params(wide) * (width / 64) ** 2 * 1.1  # ~ the square of the width
+
+
+def test_width_64_is_the_default_and_bad_widths_are_refused():
+    assert models.num_params(models.resnet18(10, width=64)) == models.num_params(models.resnet18(10)) == 11_175_818
+    from mparlib.errors import ConfigError
+
+    for bad in (0, -16, 16.0, True, "16"):
+        with pytest.raises(ConfigError, match="width must be a positive int"):
+            models.resnet18(10, width=bad)

@@ -328,3 +328,30 @@ def test_stored_tracebacks_carry_no_paths_of_the_machine_that_built_them():
     assert got == ("File mparlib/launch.py:12, site-packages/torch/nn/x.py, python3.11/argparse.py and "
                    "<temporary folder>/ddp_workers.py")
     assert builder.portable_paths("no path here: 3/4 of a batch") == "no path here: 3/4 of a batch"
+
+
+def test_prose_updates_the_markdown_and_keeps_the_outputs_without_running_anything(tmp_path):
+    text = MD.format(en="Old words.", ja="古い文です。") + "\n# %%\nprint(6 * 7)\n"
+    src, out = _editions(tmp_path, text)
+    builder.build(["00_tiny"], src=src, out=out, repo=None, timeout=120)
+    ran = {lang: nbformat.read(out / lang / "00_tiny.ipynb", as_version=4) for lang in builder.LANGS}
+    source(tmp_path, text.replace("Old words.", "New words.").replace("古い文です。", "新しい文です。"))
+    builder.prose(["00_tiny"], src=src, out=out, repo=None)
+    for lang, words in (("en", "New words."), ("ja", "新しい文です。")):
+        nb = nbformat.read(out / lang / "00_tiny.ipynb", as_version=4)
+        assert [c.source for c in nb.cells if c.cell_type == "markdown"][-1] == words
+        assert [c.outputs for c in nb.cells if c.cell_type == "code"] == [
+            c.outputs for c in ran[lang].cells if c.cell_type == "code"]
+        assert nb.cells[-1].outputs[0]["text"] == "42\n"
+    assert builder.check(["00_tiny"], src=src, out=out, repo=None) == []
+
+
+def test_prose_refuses_a_changed_code_cell_and_writes_neither_edition(tmp_path):
+    text = MD.format(en="Words.", ja="文です。") + "\n# %%\nprint(6 * 7)\n"
+    src, out = _editions(tmp_path, text)
+    builder.build(["00_tiny"], run=False, src=src, out=out, repo=None)
+    before = [(out / lang / "00_tiny.ipynb").read_bytes() for lang in builder.LANGS]
+    source(tmp_path, text.replace("6 * 7", "6 * 9").replace("Words.", "Other words."))
+    with pytest.raises(builder.BuildError, match=r"code cells .* differ .* run `python tools/notebooks.py build"):
+        builder.prose(["00_tiny"], src=src, out=out, repo=None)
+    assert [(out / lang / "00_tiny.ipynb").read_bytes() for lang in builder.LANGS] == before

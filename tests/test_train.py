@@ -490,3 +490,115 @@ def test_progress_bar_when_asked(capsys):
     T.train(tiny_cnn(), CPU, batch_size=16, lr=0.1, num_epochs=1, data=(synthetic(64, 16, 1), synthetic(32, 16, 2)),
             animator=False, verbose=False)  # default under pytest: quiet
     assert capsys.readouterr().err == ""
+
+
+# --- simulated devices: the CPU listed several times ---------------------------------------------------------
+
+class Recorder(nn.Module):
+    """A float64 CNN without batch norm that records the batch size and CPU thread count of each forward call."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(2), nn.Flatten(),
+                                 nn.Linear(16, 3)).double()
+        self.seen = []
+
+    def forward(self, X):
+        self.seen.append((len(X), torch.get_num_threads()))
+        return self.net(X)
+
+
+def float64_batches(n, batch_size, seed):
+    return [(X.double(), y) for X, y in synthetic(n, batch_size, seed)]
+
+
+def test_one_step_over_two_simulated_devices_equals_one_step_on_one_device():
+    """train(net, ["cpu", "cpu"]) splits each batch with mparlib.parallel.data_parallel; without batch norm the
+    step is the one-device step on the whole batch (the mean of the two halves' gradients), to float64 rounding."""
+    torch.manual_seed(0)
+    one, two = Recorder(), Recorder()
+    two.load_state_dict(one.state_dict())
+    batch = float64_batches(10, 10, 1)
+    for net, devices in ((one, ["cpu"]), (two, ["cpu", "cpu"])):
+        hist = T.train(net, devices, lr=0.5, num_epochs=1, data=(batch, batch), animator=False, init=False,
+                       verbose=False)
+    moved = max((a - b).abs().max().item() for a, b in zip(one.state_dict().values(), Recorder().state_dict().values()))
+    for (name, a), b in zip(one.state_dict().items(), two.state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12, msg=name)
+    assert moved > 1e-3  # the step really moved the weights
+    assert [n for n, _ in one.seen[:1]] == [10] and [n for n, _ in two.seen[:2]] == [5, 5]  # split in two halves
+    assert hist.devices == [torch.device("cpu")] * 2
+
+
+def test_several_epochs_over_simulated_devices_follow_the_one_device_run():
+    torch.manual_seed(0)
+    one, three = Recorder(), Recorder()
+    three.load_state_dict(one.state_dict())
+    train_iter, test_iter = float64_batches(60, 12, 1), float64_batches(30, 15, 2)
+    h1 = T.train(one, ["cpu"], lr=0.3, num_epochs=2, data=(train_iter, test_iter), animator=False, init=False,
+                 verbose=False)
+    h3 = T.train(three, ["cpu"] * 3, lr=0.3, num_epochs=2, data=(train_iter, test_iter), animator=False, init=False,
+                 verbose=False)
+    for a, b in zip(one.state_dict().values(), three.state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+    assert h1.test_acc == h3.test_acc
+    for x, y in zip(h1.train_loss, h3.train_loss):
+        assert math.isclose(x, y, rel_tol=1e-12)
+
+
+def test_simulated_devices_normalise_each_part_with_its_own_statistics():
+    """With batch norm, as with nn.DataParallel: each replica normalises its half with that half's statistics,
+    and only replica 0's half updates the running statistics. The reference computes exactly that by hand."""
+    torch.manual_seed(0)
+    net = tiny_cnn().double()
+    models.init_weights(net)
+    ref = copy.deepcopy(net)
+    (X, y), = float64_batches(8, 8, 3)
+    T.train(net, ["cpu", "cpu"], lr=0.5, num_epochs=1, data=([(X, y)], [(X, y)]), animator=False, init=False,
+            verbose=False)
+    ref.train()
+    params = dict(ref.named_parameters())
+    out0 = ref(X[:4])  # updates ref's running statistics, as replica 0 shares the model's buffers
+    throwaway = {k: v.clone() for k, v in ref.named_buffers()}  # replica 1's copies, dropped after the step
+    out1 = torch.func.functional_call(ref, {**params, **throwaway}, (X[4:],))
+    opt = torch.optim.SGD(ref.parameters(), lr=0.5)
+    nn.functional.cross_entropy(torch.cat([out0, out1]), y).backward()
+    opt.step()
+    for (name, a), b in zip(net.state_dict().items(), ref.state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12, msg=name)
+    whole = copy.deepcopy(net)  # and the split matters: one device normalises all 8 images together
+    assert not torch.allclose(whole.train()(X)[:4], whole.train()(X[:4]))
+
+
+def test_each_simulated_device_gets_its_share_of_the_cpu_threads():
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        net = Recorder()
+        T.train(net, ["cpu", "cpu"], lr=0.1, num_epochs=1, data=(float64_batches(8, 8, 1), float64_batches(8, 8, 2)),
+                animator=False, init=False, verbose=False)
+        assert [t for _, t in net.seen[:2]] == [1, 1]  # two replicas on two threads, not four
+        assert torch.get_num_threads() == 2  # restored after each forward pass
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_wrap_model_picks_what_the_devices_call_for():
+    from mparlib.step import SimulatedDataParallel, wrap_model
+
+    net = tiny_cnn()
+    assert wrap_model(net, CPU) is net
+    sim = wrap_model(net, CPU * 2)
+    assert isinstance(sim, SimulatedDataParallel) and sim.module is net and sim.devices == CPU * 2
+    X = torch.randn(6, 1, 8, 8)
+    net.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(sim(X), net(X))
+    if torch.cuda.device_count() >= 2:
+        gpus = [torch.device("cuda", i) for i in range(2)]
+        assert isinstance(wrap_model(net.to(gpus[0]), gpus), nn.DataParallel)
+
+
+def test_mixed_simulated_and_real_devices_are_refused():
+    with pytest.raises(DeviceError, match="mixes kinds|CUDA GPUs only"):
+        T.train(tiny_cnn(), ["cpu", "meta"], batch_size=16, lr=0.1, num_epochs=1, data=TOY, animator=False)

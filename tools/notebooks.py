@@ -8,6 +8,7 @@ stored with their outputs. Kernels start in the notebook's folder, so ``mparlib.
     python tools/notebooks.py build [NAME ...]     # write and execute (all chapters by default)
     python tools/notebooks.py write [NAME ...]     # write without executing (outputs dropped)
     python tools/notebooks.py write --out /tmp/nb  # the same, into another folder
+    python tools/notebooks.py prose [NAME ...]     # new prose, stored outputs kept (code cells unchanged)
     python tools/notebooks.py check                # stored notebooks agree with their sources
 
 What a source may hold:
@@ -389,6 +390,39 @@ def build(names, run=True, *, src=SRC, out=OUT, repo=FROM_BOOK_TOML, timeout=180
             print(f"{lang}/{name}.ipynb: {'executed' if run else 'written'} in {seconds:.1f} s", flush=True)
 
 
+def _code(nb):
+    return [(c.source, {k: c.metadata[k] for k in sorted(CELL_OPTIONS) if k in c.metadata})
+            for c in nb.cells if c.cell_type == "code"]
+
+
+def prose(names, *, src=SRC, out=OUT, repo=FROM_BOOK_TOML):
+    """Write both editions with the markdown of their source and the outputs of the stored notebooks, without
+    executing anything: for edits of the prose alone. Raise :class:`BuildError`, writing nothing for that chapter,
+    when a code cell differs from the stored one (its outputs would no longer be what it prints: run ``build``)."""
+    repo = _repo(repo)
+    for name in names:
+        cells = parse(Path(src) / f"{name}.py")
+        done = {}
+        for lang in LANGS:
+            path = Path(out) / lang / f"{name}.ipynb"
+            if not path.exists():
+                raise BuildError(f"{lang}/{name}.ipynb does not exist yet: run `python tools/notebooks.py build {name}`")
+            stored, nb = nbformat.read(path, as_version=4), notebook(cells, lang, name, repo)
+            if _code(stored) != _code(nb):
+                raise BuildError(f"{lang}/{name}.ipynb: the code cells of notebooks/src/{name}.py differ from the "
+                                 f"stored ones, so their outputs would be stale: run `python tools/notebooks.py "
+                                 f"build {name}`. Neither edition was written.")
+            ran = iter(c for c in stored.cells if c.cell_type == "code")
+            for cell in nb.cells:
+                if cell.cell_type == "code":
+                    old = next(ran)
+                    cell.outputs, cell.execution_count = old.outputs, old.execution_count
+            done[lang] = nb
+        for lang, nb in done.items():
+            write(nb, Path(out) / lang / f"{name}.ipynb")
+            print(f"{lang}/{name}.ipynb: prose updated, outputs kept", flush=True)
+
+
 def _comparable(nb):
     cells = [(c.cell_type, c.source, {k: c.metadata[k] for k in sorted(CELL_OPTIONS) if k in c.metadata})
              for c in nb.cells]
@@ -422,7 +456,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  epilog=__doc__.split("\n\n")[2],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("command", choices=["build", "write", "check"])
+    ap.add_argument("command", choices=["build", "write", "prose", "check"])
     ap.add_argument("names", nargs="*", help="chapters such as 01_dataparallel (default: all)")
     ap.add_argument("--out", type=Path, default=OUT, help="folder of the en/ and ja/ editions (default: notebooks)")
     args = ap.parse_args(argv)
@@ -437,7 +471,10 @@ def main(argv=None):
             return 1 if problems else 0
         for lang in LANGS:
             (args.out / lang).mkdir(parents=True, exist_ok=True)
-        build(names, run=args.command == "build", out=args.out)
+        if args.command == "prose":
+            prose(names, out=args.out)
+        else:
+            build(names, run=args.command == "build", out=args.out)
     except (SourceError, BuildError, links.LinkError) as err:
         print(f"{ap.prog}: error: {err}", file=sys.stderr)
         return 2

@@ -22,14 +22,15 @@
 # | `compile`, `cuda_graphs` | `torch.compile`, and replaying each step as a CUDA graph (GPUs) |
 #
 # The sizes follow the course profile: the smoke profile (no GPU) runs a few steps of each measurement, so the
-# numbers are real but noisy; the full profile (a GPU) runs the real experiment, including training to 91% test
-# accuracy.
+# numbers are real but noisy, and its last section trains chapter 05's narrow ResNet-18 (`width=8`) on 12,000
+# images to compare the accuracy of the two loops; the full profile (a GPU) runs the real experiment with d2l's
+# network, including training to 91% test accuracy.
 # <!-- ja -->
 # # 7. 性能: ハードウェアの限界近くで訓練する
 #
-# 05章では、ResNet-18 を d2l と同じ方法で Fashion-MNIST に訓練しました。`DataLoader` が画像を 1枚ずつ PIL 画像にしてからテンソルに戻し、計算は fp32 で、小さなカーネルを 1つずつ順に実行する方法です。d2l 自身のビルドでは GPU 1枚で 1エポック 12.3秒、毎秒およそ 4,900枚という結果が報告されています。最近の GPU はこれよりはるかに多くの計算ができます。この章では、どれだけ多くできるのかを測り、時間がどこで使われているかを調べ、障害を 1つずつ取り除きながら、その効果をそのつど計測します。
+# 5章では、ResNet-18 を d2l と同じ方法で Fashion-MNIST に訓練しました。`DataLoader` が画像を 1枚ずつ PIL 画像にしてからテンソルに戻し、計算は fp32 で、小さなカーネルを 1つずつ順に実行する方法です。d2l 自身のビルドでは GPU 1枚で 1エポック 12.3秒、毎秒およそ 4,900枚という結果が報告されています。最近の GPU はこれよりはるかに多くの計算ができます。この章では、どれだけ多くできるのかを測り、時間がどこで使われているかを調べ、障害を 1つずつ取り除きながら、その効果をそのつど計測します。
 #
-# 道具は `mparlib.fastpath` にあります。`mparlib.train.train(..., fast=True)` は同じエポックのループを、より速い部品で実行します。`fastpath.FastPath(...)` で部品を 1つずつ有効・無効にできます。ループは渡された `StepPlan`（1ステップで呼ぶもの、オプティマイザ、損失、バッチのメモリ配置、数値の精度）のとおりに実行します。05章の `classic_plan` か、次のオプションから `fastpath.plan` が組み立てたものです。
+# 道具は `mparlib.fastpath` にあります。`mparlib.train.train(..., fast=True)` は同じエポックのループを、より速い部品で実行します。`fastpath.FastPath(...)` で部品を 1つずつ有効・無効にできます。ループは渡された `StepPlan`（1ステップで呼ぶもの、オプティマイザ、損失、バッチのメモリ配置、数値の精度）のとおりに実行します。5章の `classic_plan` か、次のオプションから `fastpath.plan` が組み立てたものです。
 #
 # | オプション | 変わること |
 # |---|---|
@@ -40,7 +41,7 @@
 # | `momentum`、`warmup`、`label_smoothing` | バッチを大きくしても精度を保つための学習率スケジュールなど（`warmup_cosine`） |
 # | `compile`、`cuda_graphs` | `torch.compile` と、各ステップを CUDA グラフとして再生する仕組み（GPU） |
 #
-# 規模はコースのプロファイルに従います。スモークプロファイル（GPU なし）では各計測を数ステップだけ実行するので、数値は本物ですがばらつきが大きくなります。フルプロファイル（GPU あり）では、テスト精度 91% までの訓練を含む本来の実験を行います。
+# 規模はコースのプロファイルに従います。`smoke` プロファイル（GPU なし）では各計測を数ステップだけ実行するので、数値は本物ですがばらつきが大きくなります。最後の節では、5章の細い ResNet-18（`width=8`）を 12,000枚の画像で訓練し、2つのループの精度を比べます。`full` プロファイル（GPU あり）では、d2l のネットワークでテスト精度 91% までの訓練を含む本来の実験を行います。
 
 # %% tags=["nbval-ignore-output"]
 import contextlib
@@ -77,7 +78,8 @@ SIZES = {
     "full": dict(batch=256, big_batch=1024, steps=40, repeats=3, profile_steps=10, conv_repeats=10),
 }
 S = SIZES[mparlib.profile()]
-print(f"device: {device}, bf16 native: {fastpath.bf16_native(device)}, sizes: {S}")
+print(tr(f"device: {device}, bf16 native: {fastpath.bf16_native(device)}, sizes: {S}",
+         f"デバイス: {device}、bf16 のネイティブ対応: {fastpath.bf16_native(device)}、規模: {S}"))
 
 
 def cell(text, width, right=False):
@@ -108,8 +110,9 @@ with FlopCounterMode(display=False) as step_count:
     nn.functional.cross_entropy(net(X), y).backward()
 forward_flops = forward_count.get_total_flops() / len(X)  # per image
 step_flops = step_count.get_total_flops() / len(X)
-print(cell(tr("forward:", "順伝播:"), 36), f"{forward_flops / 1e9:.3f} GFLOP/image")
-print(cell(tr("training step (forward + backward):", "訓練ステップ（順伝播 + 逆伝播）:"), 36), f"{step_flops / 1e9:.3f} GFLOP/image")
+for what, flops in ((tr("forward:", "順伝播:"), forward_flops),
+                    (tr("training step (forward + backward):", "訓練ステップ（順伝播 + 逆伝播）:"), step_flops)):
+    print(cell(what, 36), tr(f"{flops / 1e9:.3f} GFLOP/image", f"画像 1枚あたり {flops / 1e9:.3f} GFLOP"))
 by_stage = forward_count.get_flop_counts()
 for name in ["Sequential.0"] + [f"Sequential.resnet_block{i}" for i in range(1, 5)] + ["Sequential.fc"]:
     share = sum(by_stage[name].values()) / len(X) / forward_flops
@@ -137,7 +140,7 @@ assert 2.9 < step_flops / forward_flops < 3.1  # backward costs about twice the 
 #
 # ## 時間はどこに使われているか
 #
-# 次に 05章のループそのものを調べます。torchvision 形式のデータセットと `DataLoader`（ワーカープロセスを使い、GPU ではピン留めメモリ（pinned memory）を使う）、fp32、素の SGD です。プロファイラ（`torch.profiler`）はすべての演算子を記録し、`record_function` でステップの各段階に名前を付けます。各段階に自分の GPU の仕事を正しく割り当てるため、この診断用の実行では段階ごとに同期します（訓練ループ自体は同期しません）。表には 1ステップあたりの実時間、呼ばれた演算子の数、GPU ではカーネル起動の回数を示します。
+# 次に 5章のループそのものを調べます。torchvision 形式のデータセットと `DataLoader`（ワーカープロセスを使い、GPU ではピン留めメモリ（pinned memory）を使う）、fp32、素の SGD です。プロファイラ（`torch.profiler`）はすべての演算子を記録し、`record_function` でステップの各段階に名前を付けます。各段階に自分の GPU の仕事を正しく割り当てるため、この診断用の実行では段階ごとに同期します（訓練ループ自体は同期しません）。表には 1ステップあたりの実時間、呼ばれた演算子の数、GPU ではカーネル起動の回数を示します。
 
 # %%
 images, labels = data.read_split(data.locate(), "train")  # (60000, 28, 28) uint8, (60000,) int64
@@ -192,6 +195,9 @@ def baseline_step(phase):
 
 baseline_step(lambda name: contextlib.nullcontext())  # warm-up: workers start, kernels are chosen
 activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+# The profiler's C++ library (Kineto) logs each start and stop, and without a GPU a failed GPU query, straight to
+# the process's stderr; level 6 keeps it quiet. It reads the setting when the first profile of the process starts.
+os.environ.setdefault("KINETO_LOG_LEVEL", "6")
 with profile(activities=activities) as prof:
     for _ in range(S["profile_steps"]):
         baseline_step(record_function)
@@ -211,7 +217,8 @@ print(cell(tr("phase", "段階"), 28), cell(tr("ms/step", "ms/ステップ"), 11
 for r in phase_rows:
     print(f"{cell(r['phase'], 28)} {r['ms']:11.1f} {100 * r['ms'] / step_ms:6.1f}% {r['operators']:10.0f} "
           f"{r['launches']:16.0f}")
-print(f"{cell(tr('one step', '1ステップ'), 28)} {step_ms:11.1f}   {S['batch'] / step_ms * 1e3:.0f} images/s")
+print(f"{cell(tr('one step', '1ステップ'), 28)} {step_ms:11.1f}   {S['batch'] / step_ms * 1e3:.0f} "
+      + tr("images/s", "画像/秒"))
 
 # %%
 assert [r["phase"] for r in phase_rows] == PHASES and all(r["ms"] > 0 for r in phase_rows)
@@ -249,7 +256,7 @@ else:
 #
 # ## 最適化を 1つずつ
 #
-# `measure` は、各構成で同じ枚数の画像を `mparlib.train.train` で訓練します。1回の実行は 1エポックで、その前に時間を測らないウォームアップ実行を 1回行います（ワーカーの起動、カーネルの選択、`compile` のときはコンパイル）。訓練ループの時計はデバイスと同期しており、評価の時間は含みません。各行は累積で、上の行にオプションを 1つ加えたものです。`momentum`、`warmup`、`label_smoothing` は学習の中身を変えますが速度は変えないので、高速パスのどの行でも既定値のままにしています。計測時間は実行のたびに変わります。ほかのプログラムと共有しているマシンや、ステップ数の少ないスモークプロファイルでは特にそうです。同じ実行の中の行どうしを比べ、意外な結果が出た行は計測し直してください。
+# `measure` は、各構成で同じ枚数の画像を `mparlib.train.train` で訓練します。1回の実行は 1エポックで、その前に時間を測らないウォームアップ実行を 1回行います（ワーカーの起動、カーネルの選択、`compile` のときはコンパイル）。訓練ループの時計はデバイスと同期しており、評価の時間は含みません。各行は累積で、上の行にオプションを 1つ加えたものです。`momentum`、`warmup`、`label_smoothing` は学習の中身を変えますが速度は変えないので、高速パスのどの行でも既定値のままにしています。計測時間は実行のたびに変わります。ほかのプログラムと共有しているマシンや、ステップ数の少ない `smoke` プロファイルでは特にそうです。同じ実行の中の行どうしを比べ、意外な結果が出た行は計測し直してください。
 
 # %%
 def measure(fast, batch_size, n_images, repeats):
@@ -276,7 +283,7 @@ step4 = {**step3, "fused": True}
 step6 = {**step4, "compile": True}
 step7 = {**step6, "cuda_graphs": True}
 PLAN = [
-    (tr("chapter-05 loop: DataLoader, fp32", "05章のループ: DataLoader、fp32"), None, B),
+    (tr("chapter-05 loop: DataLoader, fp32", "5章のループ: DataLoader、fp32"), None, B),
     (tr("+ data resident on the device", "+ データをデバイスに常駐"), step1, B),
     (tr("+ channels_last", "+ channels_last"), step2, B),
     (tr("+ bf16 autocast where native", "+ ネイティブなら bf16 autocast"), step3, B),
@@ -293,14 +300,14 @@ for label, options, batch_size in PLAN:
     if options and options["cuda_graphs"] and device.type != "cuda":
         skip = tr("needs a CUDA GPU", "CUDA の GPU が必要")
     elif options and options["compile"] and mparlib.profile() == "smoke":
-        skip = tr("smoke profile: compiling takes minutes on a CPU", "スモーク: CPU ではコンパイルに数分かかる")
+        skip = tr("smoke profile: compiling takes minutes on a CPU", "smoke: CPU ではコンパイルに数分かかる")
     row = dict(step=label, batch=batch_size, skipped=skip)
     if skip is None:
         row.update(measure(fastpath.FastPath(**options) if options else None, batch_size, N, S["repeats"]))
     results.append(row)
 base = results[0]["images_per_s"]
-print(cell(tr("step", "ステップ"), 36), cell(tr("batch", "バッチ"), 6, True), cell(tr("precision", "精度"), 9, True),
-      cell("images/s", 10, True), cell(tr("vs. ch. 05", "05章比"), 9, True))
+print(cell(tr("step", "ステップ"), 36), cell(tr("batch", "バッチ"), 6, True), cell(tr("format", "数値形式"), 9, True),
+      cell(tr("images/s", "画像/秒"), 10, True), cell(tr("vs. ch. 05", "5章比"), 9, True))
 for r in results:
     if r["skipped"]:
         print(f"{cell(r['step'], 36)} {r['batch']:>6}   {tr('skipped', '省略')}: {r['skipped']}")
@@ -342,8 +349,9 @@ if device.type == "cuda":
 #
 # ## The roofline of this model on your device
 #
-# A kernel is limited either by arithmetic (the peak FLOP/s of the device) or by memory traffic (bytes per second
-# times the FLOPs it does per byte, its **arithmetic intensity**). The **roofline** draws both limits as one bound:
+# A kernel is limited either by arithmetic (the peak FLOP/s of the device) or by memory traffic. A kernel's
+# **arithmetic intensity** is the number of FLOPs it does per byte it moves to or from memory; memory can then feed
+# it at most bandwidth (bytes/s) x intensity (FLOP/byte) FLOP/s. The **roofline** draws both limits as one bound:
 # attainable FLOP/s = min(peak, bandwidth x intensity). Both are measured here: the peak with a large matrix product,
 # the bandwidth with a large copy.
 # <!-- ja -->
@@ -360,7 +368,7 @@ if device.type == "cuda":
 #
 # ## このモデルのルーフライン
 #
-# カーネルの速さを制限するのは、演算（デバイスのピーク FLOP/s）か、メモリの転送量（1秒あたりのバイト数 × 1バイトあたりの FLOP 数、つまり**演算強度**）のどちらかです。**ルーフライン**は、この 2つの限界を 1本の上限として描きます。到達可能な FLOP/s = min(ピーク, 帯域幅 × 演算強度) です。ここでは両方を計測します。ピークは大きな行列積で、帯域幅は大きなコピーで測ります。
+# カーネルの速さを制限するのは、演算（デバイスのピーク FLOP/s）かメモリの転送量のどちらかです。カーネルがメモリとの間で 1バイトを転送するあいだに行う FLOP 数を、そのカーネルの**演算強度**（FLOP/バイト）と呼びます。メモリが供給できる計算は、多くても帯域幅（バイト/秒）× 演算強度の FLOP/s です。**ルーフライン**は、この 2つの限界を 1本の上限として描きます。到達可能な FLOP/s = min(ピーク, 帯域幅 × 演算強度) です。ここでは両方を計測します。ピークは大きな行列積で、帯域幅は大きなコピーで測ります。
 
 # %% tags=["nbval-ignore-output"]
 def copy_gbytes_per_s(nbytes, repeats=10):
@@ -383,8 +391,8 @@ if fastpath.bf16_native(device):
     peaks["bf16"] = matmul_tflops(device, torch.bfloat16, 8192 if gpu else 2048)
 bandwidth = copy_gbytes_per_s(2**30 if gpu else 2**26)
 for name, peak in peaks.items():
-    print(f"{name} matmul peak: {peak:8.3f} TFLOP/s   "
-          f"{tr('ridge point', '屈曲点')}: {peak * 1e3 / bandwidth:6.1f} FLOP/byte")
+    print(f"{tr(f'{name} matmul peak', f'{name} の行列積のピーク')}: {peak:8.3f} TFLOP/s   "
+          f"{tr('ridge point', '屈曲点')}: {peak * 1e3 / bandwidth:6.1f} " + tr("FLOP/byte", "FLOP/バイト"))
 print(f"{tr('memory bandwidth (copy)', 'メモリ帯域幅（コピー）')}: {bandwidth:8.1f} GB/s")
 
 # %% [markdown]
@@ -514,49 +522,86 @@ assert len(points) == len(distinct_convs(BIG))
 #
 # ## The fast path in one call
 #
-# All of this is one argument of `train`. In the full profile this cell trains on all 60,000 images for 10 epochs
-# and reports the training seconds until the test accuracy first reaches 0.91 (evaluation and the untimed
-# compilation are not counted). In the smoke profile it trains a few steps on a small subset, enough to see the
-# settings the fast path chose for this device.
+# All of this is one argument of `train`. Is the speed bought with accuracy? The fast path also changes the
+# optimisation (Nesterov momentum, warm-up and cosine schedule, label smoothing, weight decay), so the next cell
+# trains the same network twice on the same data for the same number of epochs: once with chapter 05's loop
+# (`DataLoader`, fp32, plain SGD), once with `fast=True`. In the full profile that is d2l's network on all
+# 60,000 images for 10 epochs, the baseline with d2l's batch 256 and learning rate 0.1, the fast path with batch
+# 512 and peak learning rate 0.2; the table reports the training seconds until the test accuracy first reaches
+# 0.91 (evaluation and the untimed compilation are not counted). In the smoke profile both train chapter 05's
+# narrow network (`width=8`) for 2 epochs on 12,000 images at batch 32 and are tested on 1,000.
 # <!-- ja -->
 # 各点とその上の上限線との距離が、まだ改善できる余地です。ステップ全体（星印）の場合、その距離には順伝播の畳み込み以外のすべてが含まれます。逆伝播（その畳み込みは形状が異なります）、メモリ律速のバッチ正規化と ReLU、オプティマイザの更新、そして遅い構成ではデータやカーネル起動の待ち時間です。大きな GPU では、最後のステージ（7x7 と 4x4 の画像）はカーネルあたりの仕事が少なく、小さなバッチではチップを埋めきれません。
 #
 # ## 1回の呼び出しで使う高速パス
 #
-# ここまでの内容は、すべて `train` の引数 1つにまとまっています。フルプロファイルでは、このセルが 60,000枚すべてを 10エポック訓練し、テスト精度が初めて 0.91 に達するまでの訓練時間（秒）を報告します（評価と、時間を測らないコンパイルは含みません）。スモークプロファイルでは小さな部分集合で数ステップだけ訓練し、高速パスがこのデバイス向けに選んだ設定を確かめます。
+# ここまでの内容は、すべて `train` の引数 1つにまとまっています。では、速さと引き換えに精度を失っていないでしょうか。高速パスは最適化の方法も変えます（Nesterov モーメンタム、ウォームアップとコサインのスケジュール、ラベル平滑化、重み減衰）。そこで次のセルでは、同じネットワークを同じデータで同じエポック数だけ 2回訓練します。1回目は 5章のループ（`DataLoader`、fp32、素の SGD）、2回目は `fast=True` です。`full` プロファイルでは d2l のネットワークを 60,000枚すべてで 10エポック訓練します。ベースラインは d2l と同じバッチサイズ 256、学習率 0.1、高速パスはバッチサイズ 512、学習率のピーク 0.2 です。表には、テスト精度が初めて 0.91 に達するまでの訓練時間（秒）も示します（評価と、時間を測らないコンパイルは含みません）。`smoke` プロファイルでは、どちらも 5章の細いネットワーク（`width=8`）を訓練画像 12,000枚、バッチサイズ 32 で 2エポック訓練し、テスト画像 1,000枚で評価します。
 
 # %% tags=["nbval-ignore-output"]
-if mparlib.profile() == "full":
-    run = dict(batch_size=512, lr=0.2, num_epochs=10, data=dict(shuffle_seed=0))
-else:
-    run = dict(batch_size=32, lr=0.05, num_epochs=1, data=dict(subset=(64, 32), shuffle_seed=0))
-torch.manual_seed(0)
-hist = T.train(resnet18(10), [device], fast=True, **run)
+if mparlib.profile() == "full":  # d2l's network on all 60,000 images; the baseline is d2l's one-GPU run
+    ACC = dict(width=64, num_epochs=10, subset=None, learned=0.88,
+               baseline=dict(batch_size=256, lr=0.1), fast=dict(batch_size=512, lr=0.2))
+else:  # chapter 05's narrow network on 12,000 images, the same batch for both loops
+    ACC = dict(width=8, num_epochs=2, subset=(12000, 1000), learned=0.75,
+               baseline=dict(batch_size=32, lr=0.05), fast=dict(batch_size=32, lr=0.05))
+runs = {}
+for loop in ("baseline", "fast"):
+    data_args = dict(subset=ACC["subset"], shuffle_seed=0)
+    if loop == "baseline":  # chapter 05's input: DataLoader workers, each batch copied to the device
+        data_args.update(resident=False, device=device if device.type == "cuda" else None)
+    torch.manual_seed(0)
+    runs[loop] = T.train(resnet18(10, width=ACC["width"]), [device], num_epochs=ACC["num_epochs"], data=data_args,
+                         fast=loop == "fast", **ACC[loop])
+print({k: v for k, v in runs["fast"].fast.items() if k in ("precision", "channels_last", "compile", "cuda_graphs")})
+
+# %% tags=["nbval-ignore-output"]
+from IPython.display import Markdown
+
 target = 0.91
-seconds, reached = 0.0, None
-for acc, s in zip(hist.test_acc, hist.seconds):
-    seconds += s
-    if reached is None and acc >= target:
-        reached = seconds
-print({k: v for k, v in hist.fast.items() if k in ("precision", "channels_last", "compile", "cuda_graphs")})
-print(tr(f"test accuracy per epoch: {[round(a, 4) for a in hist.test_acc]}",
-         f"エポックごとのテスト精度: {[round(a, 4) for a in hist.test_acc]}"))
-reached_text = f"{reached:.1f}" if reached is not None else tr("not reached", "未到達")
-print(tr(f"training seconds until test accuracy {target}: {reached_text}",
-         f"テスト精度 {target} までの訓練時間（秒）: {reached_text}"))
+
+
+def seconds_to(target, h):
+    """Training seconds until the test accuracy first reaches ``target`` (None if it never does)."""
+    total = 0.0
+    for acc, s in zip(h.test_acc, h.seconds):
+        total += s
+        if acc >= target:
+            return total
+    return None
+
+
+head = [tr("loop", "ループ"), tr("batch", "バッチ"), tr("format", "数値形式"),
+        tr("test acc per epoch", "エポックごとのテスト精度"), tr("training s", "訓練時間（秒）"),
+        tr("images/s", "画像/秒"), tr(f"training s to {target}", f"{target} までの訓練時間（秒）")]
+rows = []
+for loop, name in (("baseline", tr("chapter 05's loop", "5章のループ")), ("fast", tr("fast path", "高速パス"))):
+    h = runs[loop]
+    reached = seconds_to(target, h)
+    rows.append([name, h.batch_size, h.fast["precision"] if h.fast else "fp32",
+                 ", ".join(f"{a:.3f}" for a in h.test_acc), f"{sum(h.seconds):.1f}",
+                 f"{sum(h.images_per_s) / h.epochs:.0f}", f"{reached:.1f}" if reached else tr("not reached", "未到達")])
+Markdown("\n".join("| " + " | ".join(map(str, r)) + " |" for r in [head, ["---"] * len(head)] + rows))
 
 # %%
-assert hist.fast["precision"] == ("bf16" if fastpath.bf16_native(device) else "fp32")
-assert hist.fast["cuda_graphs"] == (device.type == "cuda")
-assert all(math.isfinite(v) for v in hist.train_loss)
+fast, base = runs["fast"], runs["baseline"]
+assert fast.fast["precision"] == ("bf16" if fastpath.bf16_native(device) else "fp32")
+assert fast.fast["cuda_graphs"] == (device.type == "cuda") and base.fast is None  # base: the classic loop
+for h in (base, fast):  # both learned: the loss fell far below log(10) = 2.30 and the accuracy passed a bar
+    assert h.epochs == ACC["num_epochs"] and h.train_loss[-1] < 0.5 * math.log(10), h.train_loss
+    assert h.test_acc[-1] >= ACC["learned"], h.test_acc
 if mparlib.profile() == "full":
-    assert hist.test_acc[-1] >= 0.91
+    assert fast.test_acc[-1] >= target and seconds_to(target, fast) is not None
 
 # %% [markdown]
 # <!-- en -->
+# A comparison of accuracy means something only between runs that both learned: a baseline stuck near chance would
+# make any fast path look accurate. Here both must pass the bar that the last cell checks before their accuracies
+# are compared.
+#
 # The repository's benchmark, `benchmarks/train_throughput.py`, runs the same comparison as one script with more
-# repetitions, counts FLOPs and measures the peak in the same process, checks the accuracy after the same number of
-# epochs, and writes its results with the hardware and software versions to `benchmarks/results/`.
+# repetitions, counts FLOPs and measures the peak in the same process, compares the accuracy after the same number
+# of epochs (and, like this cell, only when both loops learned), and writes its results with the hardware and
+# software versions to `benchmarks/results/`.
 #
 # ## Summary
 #
@@ -578,7 +623,9 @@ if mparlib.profile() == "full":
 # 4. Train with `fast=fastpath.FastPath(label_smoothing=0.0, warmup=None)` for the same epochs as the full run. How
 #    does the test accuracy change?
 # <!-- ja -->
-# リポジトリのベンチマーク `benchmarks/train_throughput.py` は、同じ比較を 1つのスクリプトで、より多くの繰り返しで実行します。同じプロセスの中で FLOP 数を数えてピークを計測し、同じエポック数での精度を確かめ、結果をハードウェアとソフトウェアのバージョンとともに `benchmarks/results/` に書き出します。
+# 精度を比べて意味があるのは、どちらの実行も学習できている場合だけです。ベースラインが偶然の水準にとどまっていれば、どんな高速パスでも精度を保っているように見えてしまいます。ここでは、精度を比べる前に、どちらも最後のセルで確かめる基準を超えている必要があります。
+#
+# リポジトリのベンチマーク `benchmarks/train_throughput.py` は、同じ比較を 1つのスクリプトで、より多くの繰り返しで実行します。同じプロセスの中で FLOP 数を数えてピークを計測し、同じエポック数での精度を比べ（このセルと同じく、どちらのループも学習できた場合だけ）、結果をハードウェアとソフトウェアのバージョンとともに `benchmarks/results/` に書き出します。
 #
 # ## まとめ
 #
@@ -592,4 +639,4 @@ if mparlib.profile() == "full":
 # 1. 高速パスのオプションを 1つだけ無効にしてみましょう。たとえば `measure(fastpath.FastPath(**{**step4, "channels_last": False}), BIG, N, 1)` です。自分のデバイスでは、どのオプションが最も効きますか。
 # 2. `distinct_convs` と `conv_cost` を使って、バッチ 16 とバッチ 1024 での各畳み込みの演算強度を計算しましょう。自分のデバイスの屈曲点を越えるのはどの層で、どのバッチサイズからですか。
 # 3. 上でベースラインをプロファイリングしたのと同じ方法で、高速パスの 1ステップをプロファイリングしましょう（`resident_loaders` と `fastpath.move_batch_fast` を使います）。1ステップに残る演算子の数と、GPU ではカーネル起動の回数はいくつですか。
-# 4. `fast=fastpath.FastPath(label_smoothing=0.0, warmup=None)` で、フルプロファイルの実行と同じエポック数だけ訓練しましょう。テスト精度はどう変わりますか。
+# 4. `fast=fastpath.FastPath(label_smoothing=0.0, warmup=None)` で、`full` プロファイルの実行と同じエポック数だけ訓練しましょう。テスト精度はどう変わりますか。
