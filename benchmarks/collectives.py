@@ -21,11 +21,6 @@ bandwidth = bytes / time; bus bandwidth = algorithm bandwidth x 2(k-1)/k (the nc
 Writes benchmarks/results/collectives-<host>-<date>.json.
 """
 import argparse
-import json
-import os
-import platform
-import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -37,6 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 from mparlib import collectives  # noqa: E402
 from mparlib.devices import num_gpus  # noqa: E402
+import record  # noqa: E402  (benchmarks/record.py: machine, software, commit, saving)
 from mparlib.errors import MparlibError  # noqa: E402
 from mparlib.launch import choose_backend, launch  # noqa: E402
 
@@ -53,14 +49,6 @@ HYPER = {
     "goal_fit_min_bytes": 64 * KiB,
 }
 QUICK = {"sizes": [4 * KiB, 64 * KiB, 1 * MiB, 16 * MiB], "repeats": 3}
-
-
-def git_commit():
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                              timeout=10).stdout.strip() or None
-    except OSError:
-        return None
 
 
 def goals(h, rows, fits):
@@ -94,7 +82,7 @@ def main(argv=None):
     h = dict(HYPER, **(QUICK if args.quick else {}), quick=args.quick, backend=args.backend,
              world_sizes=args.world_sizes)
     t0 = time.time()
-    load = os.getloadavg() if hasattr(os, "getloadavg") else None
+    start = record.machine()
     rows, fits, backends = [], {}, {}
     for k in h["world_sizes"]:
         try:
@@ -114,20 +102,12 @@ def main(argv=None):
         "alpha_beta": {str(k): {"alpha_s": f["alpha"], "beta_s_per_byte": f["beta"], "bandwidth_bytes_per_s":
                                 f["bandwidth"], "relative_errors": f["relative_errors"]} for k, f in fits.items()},
         "goals": goals(h, rows, fits),
-        "hardware": {"cpu_count": os.cpu_count(), "machine": platform.machine(), "processor": platform.processor(),
-                     "gpus": [torch.cuda.get_device_name(i) for i in range(num_gpus())],
-                     "backends": {str(k): b for k, b in backends.items()}, "load_average_at_start": load},
-        "software": {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
-                     "nccl": ".".join(map(str, torch.cuda.nccl.version())) if num_gpus() else None,
-                     "git_commit": git_commit()},
+        "hardware": start | {"backends": {str(k): b for k, b in backends.items()}},
+        "software": record.software(nccl=".".join(map(str, torch.cuda.nccl.version())) if num_gpus() else None),
         "seconds": round(time.time() - t0, 1),
         "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"collectives-{socket.gethostname()}-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    from mparlib.files import atomic_write_bytes
-
-    atomic_write_bytes(path, (json.dumps(result, indent=2) + "\n").encode())
+    path = record.save(result, args.out, "collectives")
     print(f"{'ranks':>5} {'backend':>7} {'method':>10} {'bytes':>11} {'time (ms)':>10} {'algbw GB/s':>10} "
           f"{'busbw GB/s':>10}")
     for r in rows:

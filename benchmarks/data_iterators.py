@@ -14,7 +14,6 @@ import json
 import os
 import platform
 import re
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -23,6 +22,7 @@ import torch
 import torchvision
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from record import git_commit  # noqa: E402  (benchmarks/record.py)
 from mparlib import data  # noqa: E402
 
 HYPER = {
@@ -61,12 +61,6 @@ def measure(name, make, device):
             "images_per_s": round(n / seconds), "batches": len(train), "sum": checksum}
 
 
-def git_commit():
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent)
-        return out.stdout.strip() or None
-    except OSError:
-        return None
 
 
 def cpu_model():

@@ -21,11 +21,7 @@ configuration is measured `repeats` times and the best is reported (least distur
 Writes benchmarks/results/ddp_throughput-<host>-<date>.json.
 """
 import argparse
-import json
 import os
-import platform
-import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -37,6 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 from mparlib import throughput  # noqa: E402
 from mparlib.devices import num_gpus  # noqa: E402
+import record  # noqa: E402  (benchmarks/record.py: machine, software, commit, saving)
 from mparlib.launch import launch  # noqa: E402
 
 HYPER = {
@@ -47,14 +44,6 @@ HYPER = {
     "steps": 5,
     "repeats": 2,
 }
-
-
-def git_commit():
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                              timeout=10).stdout.strip() or None
-    except OSError:
-        return None
 
 
 def best(fn, repeats):
@@ -110,26 +99,19 @@ def main(argv=None):
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     args = ap.parse_args(argv)
     h = dict(HYPER, global_batch=args.batch, steps=args.steps, repeats=args.repeats)
-    t0 = time.time()
+    t0, start = time.time(), record.machine()
     rows = cpu_rows(h) if num_gpus() == 0 else gpu_rows(h)
     result = {
         "benchmark": "ddp_throughput",
         "claim": " ".join(__doc__.split("\n\n")[1:3]).replace("\n", " "),
         "hyperparameters": h,
         "rows": rows,
-        "hardware": {"cpu_count": os.cpu_count(), "machine": platform.machine(), "processor": platform.processor(),
-                     "gpus": [torch.cuda.get_device_name(i) for i in range(num_gpus())],
-                     "load_average_at_start": os.getloadavg() if hasattr(os, "getloadavg") else None},
-        "software": {"python": platform.python_version(), "torch": torch.__version__,
-                     "cuda": torch.version.cuda, "git_commit": git_commit()},
+        "hardware": start,
+        "software": record.software(),
         "seconds": round(time.time() - t0, 1),
         "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"ddp_throughput-{socket.gethostname()}-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    from mparlib.files import atomic_write_bytes
-
-    atomic_write_bytes(path, (json.dumps(result, indent=2) + "\n").encode())
+    path = record.save(result, args.out, "ddp_throughput")
     for r in rows:
         print(f"{r['config']:<60} {r['images_per_s']:8.1f} images/s")
     print(f"-> {path}")

@@ -25,23 +25,19 @@ reported beside the formula's value.
 Writes benchmarks/results/pipeline-<host>-<date>.json.
 """
 import argparse
-import json
 import os
-import platform
-import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
 from statistics import mean
 
-import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from mparlib import pipeline  # noqa: E402
 from mparlib.devices import num_gpus  # noqa: E402
+import record  # noqa: E402  (benchmarks/record.py: machine, software, commit, saving)
 from mparlib.launch import choose_backend, launch  # noqa: E402
 
 HYPER = {
@@ -57,14 +53,6 @@ HYPER = {
     "goal": {"nproc": 2, "min_micro_batches": 4, "relative_tolerance": 0.2},
 }
 QUICK = {"width": 256, "layers": 2, "micro_batch_size": 16, "steps": 2}
-
-
-def git_commit():
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                              timeout=10).stdout.strip() or None
-    except OSError:
-        return None
 
 
 def rows_for(nproc, h):
@@ -100,7 +88,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     h = dict(HYPER, **(QUICK if args.quick else {}))
     t0 = time.time()
-    load = os.getloadavg() if hasattr(os, "getloadavg") else None
+    start = record.machine()
     rows = [row for nproc in h["nprocs"] for row in rows_for(nproc, h)]
     goal = goal_check(rows, h["goal"])
     result = {
@@ -111,19 +99,12 @@ def main(argv=None):
         "rows": rows,
         "goal": goal | ({"note": "a --quick run checks the script; its numbers are not the measurement"}
                         if args.quick else {}),
-        "hardware": {"cpu_count": os.cpu_count(), "machine": platform.machine(), "processor": platform.processor(),
-                     "gpus": [torch.cuda.get_device_name(i) for i in range(num_gpus())],
-                     "load_average_at_start": load},
-        "software": {"python": platform.python_version(), "torch": torch.__version__,
-                     "cuda": torch.version.cuda, "git_commit": git_commit()},
+        "hardware": start,
+        "software": record.software(),
         "seconds": round(time.time() - t0, 1),
         "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"pipeline-{socket.gethostname()}-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    from mparlib.files import atomic_write_bytes
-
-    atomic_write_bytes(path, (json.dumps(result, indent=2) + "\n").encode())
+    path = record.save(result, args.out, "pipeline")
     print(f"{'p':>2} {'schedule':<6} {'m':>2} {'measured':>9} {'formula':>8} {'error':>7} {'F ms':>7} {'B ms':>7}")
     for r in rows:
         flag = "  (fewer cores than ranks)" if r["fewer_cores_than_ranks"] else ""

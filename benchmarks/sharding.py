@@ -25,22 +25,17 @@ All world sizes use the same backend: nccl when there is a GPU for each process 
 Writes benchmarks/results/sharding-<host>-<date>.json (sharding-quick-... with --quick).
 """
 import argparse
-import json
-import os
-import platform
-import socket
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from mparlib.devices import num_gpus  # noqa: E402
+import record  # noqa: E402  (benchmarks/record.py: machine, software, commit, saving)
 from mparlib.launch import launch  # noqa: E402
 from mparlib.sharding import fsdp_memory_worker  # noqa: E402
 
@@ -54,14 +49,6 @@ HYPER = {
     "goal_ratio": 1.15,  # params + grads + optimizer per rank <= goal_ratio x one-process total / N
 }
 QUICK = {"model": "smoke", "batch_per_rank": 4, "warmup": 1, "steps": 1}
-
-
-def git_commit():
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                              timeout=10).stdout.strip() or None
-    except OSError:
-        return None
 
 
 def measure(h, backend):
@@ -100,7 +87,7 @@ def main(argv=None):
     h = dict(HYPER, **(QUICK if args.quick else {}))
     backend = "nccl" if num_gpus() >= max(h["worlds"]) else "gloo"
     t0 = time.time()
-    load = os.getloadavg() if hasattr(os, "getloadavg") else None
+    start = record.machine()
     rows = measure(h, backend)
     checked = goals(rows, h["goal_ratio"])
     result = {
@@ -112,19 +99,12 @@ def main(argv=None):
         "rows": rows,
         "goals": checked,
         "all_goals_met": all(g["met"] for g in checked),
-        "hardware": {"cpu_count": os.cpu_count(), "machine": platform.machine(), "processor": platform.processor(),
-                     "gpus": [torch.cuda.get_device_name(i) for i in range(num_gpus())],
-                     "load_average_at_start": load},
-        "software": {"python": platform.python_version(), "torch": torch.__version__,
-                     "cuda": torch.version.cuda, "git_commit": git_commit()},
+        "hardware": start,
+        "software": record.software(),
         "seconds": round(time.time() - t0, 1),
         "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
-    args.out.mkdir(parents=True, exist_ok=True)
-    name = f"sharding{'-quick' if args.quick else ''}-{socket.gethostname()}-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    from mparlib.files import atomic_write_bytes
-
-    atomic_write_bytes(args.out / name, (json.dumps(result, indent=2) + "\n").encode())
+    path = record.save(result, args.out, "sharding-quick" if args.quick else "sharding")
     print(f"vit({h['model']!r}), {backend}; bytes per rank (largest rank)")
     print(f"{'N':>2} {'params':>12} {'grads':>12} {'optimizer':>12} {'total':>12} {'median step':>12}")
     for r in rows:
@@ -134,7 +114,7 @@ def main(argv=None):
     for g in checked:
         print(f"goal N={g['world_size']}: {g['value']:,} <= {g['limit']:,} ({g['ratio_to_ideal']:.3f} x 1/N): "
               f"{'met' if g['met'] else 'NOT met'}")
-    print(f"-> {args.out / name}")
+    print(f"-> {path}")
     return 0 if result["all_goals_met"] else 1
 
 

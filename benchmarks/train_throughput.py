@@ -49,7 +49,6 @@ import os
 import platform
 import re
 import statistics
-import subprocess
 import sys
 import time
 import traceback
@@ -59,10 +58,11 @@ import torch
 import torchvision
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from record import git_commit  # noqa: E402  (benchmarks/record.py)
 from mparlib import data, fastpath, loaders  # noqa: E402
 from mparlib import train as T  # noqa: E402
 from mparlib.models import resnet18  # noqa: E402
-from mparlib.timing import matmul_tflops, synchronize  # noqa: E402
+from mparlib.timing import matmul_tflops  # noqa: E402
 
 HYPER = {
     "cpu": {
@@ -248,14 +248,6 @@ def seconds_to(target, run):
 
 # --- the record --------------------------------------------------------------------------------------------
 
-def git_commit():
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
-                               text=True, cwd=Path(__file__).parent).stdout.strip()
-        return (out.stdout.strip() + ("+uncommitted changes" if dirty else "")) or None
-    except OSError:
-        return None
 
 
 def host_kind():
