@@ -57,6 +57,14 @@ def ring_cases(seed=0):
             if dtype.is_floating_point:
                 noise = torch.randn(n, generator=g, dtype=dtype).mul_(10.0 ** rank).to(dev)
                 rows.append((f"n={n} {dtype} random", "close", *_compare(noise)))
+    saved, collectives.PIECE_BYTES = collectives.PIECE_BYTES, 24  # 3-6 elements a message: chunks go in pieces
+    try:
+        for n in (7 * k, 1001):
+            for dtype in (torch.float64, torch.int64, torch.float32):
+                values = torch.randint(-10**6, 10**6, (n,), generator=g).to(dtype).to(dev)
+                rows.append((f"n={n} {dtype} in {collectives.PIECE_BYTES}-byte messages", "exact", *_compare(values)))
+    finally:
+        collectives.PIECE_BYTES = saved
     big = torch.randint(2**40, 2**41, (5,), generator=g).to(dev)  # int64 beyond float64's exact integers
     rows.append(("int64 near 2**41", "exact", *_compare(big)))
     matrix = torch.randn(5, 3, generator=g, dtype=torch.float64).to(dev)
@@ -177,7 +185,7 @@ def test_without_a_process_group_the_ring_says_how_to_run_it():
 # ------------------------------------------------------------------------------------------------ processes
 
 def _check_rows(rows, k):
-    per_rank = 5 * len(_sizes(k)) + 4  # 3 dtypes with integer values + 2 random per size, then 4 shapes
+    per_rank = 5 * len(_sizes(k)) + 6 + 4  # 3 dtypes with integer values + 2 random per size, 6 in pieces, 4 shapes
     assert len(rows) == k * per_rank + (2 if k >= 3 else 0)  # every rank ran every case (ranks 0, 2: the subgroup)
     for rank, name, kind, same_object, exact, difference, tolerance in rows:
         assert same_object, f"rank {rank}, {name}: ring_all_reduce must return the tensor it was given"

@@ -796,11 +796,15 @@ plt.show()
 # <!-- en -->
 # What to expect from the numbers:
 #
-# - With 2 processes on 2 free cores, the measured bubble follows the formula closely once `m` is a few times `p`;
-#   what is left over is the time messages take, which is idle time the formula does not count. The GPipe paper
-#   reports the bubble to be negligible once `m >= 4p`. (`benchmarks/pipeline.py` measures this on a quiet machine
-#   and checks it against the formula.)
-# - GPipe and 1F1B have the *same* bubble; 1F1B saves memory, not time. Schedules that cut the bubble itself split
+# - The formula counts computation only. The measured bubble is larger, and the gap grows with `m`: every
+#   micro-batch adds messages between the stages and work of the schedule itself, idle time the formula does not
+#   count. The smaller the stages, the more these fixed costs weigh; this chapter's stages are small so that it
+#   runs quickly. `benchmarks/pipeline.py` uses larger ones (8 layers of width 1024, 64 rows per micro-batch) and
+#   measured on a quiet 2-core machine, for `m` = 4 and 8, GPipe 0.265 and 0.178 and 1F1B 0.232 and 0.137, against
+#   the formula's 0.200 and 0.111. With devices that compute much faster than their links carry, the gap can be
+#   larger still; the GPipe paper reports the bubble to be negligible once `m >= 4p` on its hardware.
+# - In the formula GPipe and 1F1B have the same bubble: 1F1B saves memory, not time. The difference between the
+#   two measured rows comes from the costs the formula leaves out. Schedules that cut the bubble itself split
 #   each rank's layers into several smaller stages (interleaved 1F1B, `ScheduleInterleaved1F1B`) or the backward
 #   pass into two parts (zero-bubble schedules).
 # - More micro-batches shrink the bubble, but each one is smaller; on a GPU a small micro-batch uses the device
@@ -810,8 +814,8 @@ plt.show()
 # <!-- ja -->
 # 数値から読み取れることは次のとおりです。
 #
-# - 空いたコア 2つの上で 2個のプロセスを動かすと、`m` が `p` の数倍になったあたりから、測ったバブルは式によく従います。残る差はメッセージにかかる時間で、式が数えない遊びの時間です。GPipe の論文は、`m >= 4p` ならバブルは無視できると報告しています（`benchmarks/pipeline.py` は静かなマシンでこれを測り、式と照らし合わせます）。
-# - GPipe と 1F1B のバブルは**同じ**です。1F1B が節約するのはメモリで、時間ではありません。バブルそのものを減らすスケジュールは、各ランクの層をさらに小さな複数のステージに分けたり（インターリーブ 1F1B、`ScheduleInterleaved1F1B`）、逆伝播を 2つの部分に分けたり（ゼロバブルのスケジュール）します。
+# - 式が数えるのは計算だけです。測ったバブルは式より大きく、その差は `m` とともに広がります。マイクロバッチが 1つ増えるごとに、ステージ間のメッセージとスケジュール自身の処理が増え、式が数えない遊びの時間になるからです。ステージが小さいほど、この決まった費用の比重は大きくなります。この章のステージは、すぐに実行が終わるよう小さくしてあります。`benchmarks/pipeline.py` はもっと大きなステージ（幅 1024 の層を 8つ、マイクロバッチあたり 64行）を使い、静かな CPU 2コアのマシンで `m` = 4 と 8 のとき、GPipe で 0.265 と 0.178、1F1B で 0.232 と 0.137 を測りました。式の値は 0.200 と 0.111 です。回線が運ぶ速さに比べてデバイスの計算がずっと速ければ、差はさらに広がることがあります。GPipe の論文は、その論文のハードウェアでは `m >= 4p` ならバブルは無視できると報告しています。
+# - 式の上では GPipe と 1F1B のバブルは同じです。1F1B が節約するのはメモリで、時間ではありません。測った 2つの行の違いは、式が数えない費用から来ています。バブルそのものを減らすスケジュールは、各ランクの層をさらに小さな複数のステージに分けたり（インターリーブ 1F1B、`ScheduleInterleaved1F1B`）、逆伝播を 2つの部分に分けたり（ゼロバブルのスケジュール）します。
 # - マイクロバッチを増やすとバブルは縮みますが、1つ 1つが小さくなります。GPU では小さなマイクロバッチはデバイスを十分に使えません。実際のパイプラインが大きな全体のバッチサイズを使うのはこのためです。
 # - プロセスの数よりコアが少ないマシンでは、プロセスが交代でコアを使います。ステージについての式は、このことを知りません。
 
