@@ -12,9 +12,7 @@ a ``DistributedSampler``, and runs the course's one training step (:func:`mparli
 Rank 0 alone prints, plots and writes the checkpoint (atomically, after every epoch, in a locked output folder).
 """
 import argparse
-import contextlib
 import dataclasses
-import io
 import math
 import os
 import signal
@@ -264,16 +262,14 @@ def _animator(cfg, world, history):
                         legend=[tr("train loss", "訓練損失"), tr("train acc", "訓練精度"), tr("test acc", "テスト精度")],
                         title=tr(f"DDP, {world} processes ({dist.get_backend()})",
                                  f"DDP、{world}個のプロセス（{dist.get_backend()}）"),
-                        path=Path(cfg.out) / "plot.png", display=False)
+                        path=Path(cfg.out) / "plot.png", display=False, echo=False)  # the epoch line says it
     for h in history:
         _plot(animator, h)
     return animator
 
 
 def _plot(animator, h):
-    """Add one epoch to rank 0's plot file; the Animator's own one-line echo would repeat the epoch line above."""
-    with contextlib.redirect_stdout(io.StringIO()):
-        animator.add(h["epoch"], (h["train_loss"], h["train_acc"], h["test_acc"]))
+    animator.add(h["epoch"], (h["train_loss"], h["train_acc"], h["test_acc"]))
 
 
 @torch.no_grad()

@@ -69,12 +69,13 @@ class Animator:
     ``Animator(xlabel="epoch", legend=["train loss", "test acc"], xlim=[1, 10])`` then ``add(x, (y1, y2))``
     once per epoch. In a kernel the figure is shown and updated in place; ``path`` also writes it to that PNG file
     (atomically, at every update). Outside a kernel, without a ``path``, each update prints one line and no file is
-    written: the course never writes into the working folder unasked.
+    written: the course never writes into the working folder unasked. ``echo=False`` keeps that line quiet (a
+    caller that prints its own line per epoch).
     """
 
     def __init__(self, xlabel=None, ylabel=None, legend=None, xlim=None, ylim=None, xscale="linear",
                  yscale="linear", fmts=("-", "m--", "g-.", "r:"), figsize=(4.5, 3.0), title=None,
-                 path=None, display=None):
+                 path=None, display=None, echo=None):
         with course_style():
             self.fig = Figure(figsize=figsize)
             self.ax = self.fig.add_subplot()
@@ -85,6 +86,7 @@ class Animator:
         self.X, self.Y = None, None
         self.path = path
         self.display = in_kernel() if display is None else display
+        self.echo = not self.display if echo is None else echo  # one printed line per update
         self.handle = None
 
     def _configure(self):
@@ -146,7 +148,7 @@ class Animator:
             from .files import atomic_write_bytes
 
             atomic_write_bytes(self.path, png)
-        if not self.display:
+        if self.echo:
             names = self.legend or [f"y{i}" for i in range(len(self.Y))]
             last = ", ".join(f"{name} {ys[-1]:.3f}" for name, ys in zip(names, self.Y) if ys)
             xs = [xs[-1] for xs in self.X if xs]

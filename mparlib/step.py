@@ -13,6 +13,7 @@ from typing import Callable
 import torch
 from torch import nn
 
+from .lang import tr
 from .parallel import data_parallel
 
 
@@ -99,8 +100,6 @@ def wrap_model(module, devices):
 
 def describe_devices(devices):
     """In words, how a step uses ``devices``, for a notebook to print. Explained in 05_multi_gpu_resnet."""
-    from .lang import tr
-
     k, first = len(devices), torch.device(devices[0])
     if k == 1:
         return tr(f"one device, {first}: no wrapper", f"1つのデバイス（{first}）。ラッパーなし")

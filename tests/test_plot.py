@@ -21,6 +21,13 @@ def test_outside_a_kernel_it_writes_a_png_and_prints_one_line_per_update(tmp_pat
     assert not list(tmp_path.glob(".*.tmp")), "the PNG is written through a temporary file and renamed"
 
 
+def test_echo_false_writes_the_png_and_prints_nothing(tmp_path, capsys):
+    path = tmp_path / "curves.png"
+    animator = Animator(legend=["loss"], path=path, display=False, echo=False)
+    animator.add(1, 0.5)
+    assert capsys.readouterr().out == "" and Image.open(path).format == "PNG"
+
+
 def test_the_number_of_values_must_match_the_curves(tmp_path):
     animator = Animator(path=tmp_path / "a.png")
     animator.add(1, (0.1, 0.2))

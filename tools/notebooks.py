@@ -390,9 +390,12 @@ def build(names, run=True, *, src=SRC, out=OUT, repo=FROM_BOOK_TOML, timeout=180
             print(f"{lang}/{name}.ipynb: {'executed' if run else 'written'} in {seconds:.1f} s", flush=True)
 
 
+def _options(cell):
+    return {k: cell.metadata[k] for k in sorted(CELL_OPTIONS) if k in cell.metadata}
+
+
 def _code(nb):
-    return [(c.source, {k: c.metadata[k] for k in sorted(CELL_OPTIONS) if k in c.metadata})
-            for c in nb.cells if c.cell_type == "code"]
+    return [(c.source, _options(c)) for c in nb.cells if c.cell_type == "code"]
 
 
 def prose(names, *, src=SRC, out=OUT, repo=FROM_BOOK_TOML):
@@ -424,8 +427,7 @@ def prose(names, *, src=SRC, out=OUT, repo=FROM_BOOK_TOML):
 
 
 def _comparable(nb):
-    cells = [(c.cell_type, c.source, {k: c.metadata[k] for k in sorted(CELL_OPTIONS) if k in c.metadata})
-             for c in nb.cells]
+    cells = [(c.cell_type, c.source, _options(c)) for c in nb.cells]
     return cells, nb.metadata.get("kernelspec", {}).get("name")
 
 
