@@ -104,12 +104,14 @@ def check_device(device, what="device"):
     return device
 
 
-def check_devices(devices, what="devices"):
+def check_devices(devices, what="devices", *, mixed=False):
     """A non-empty list of existing devices, all of one kind (GPUs, or the CPU listed k times). Explained in 05_multi_gpu_resnet.
 
+    This is the course's one rule for a list of devices; every entry point that takes one calls it once per call.
     Data parallelism splits a batch over devices of one kind: all GPUs (``mparlib.try_all_gpus()``) or, to simulate
-    ``k`` devices on a laptop, ``["cpu"] * k``. A single device (not in a list) is refused, because it usually
-    means ``devices=torch.device("cuda")`` was meant as ``[torch.device("cuda")]``.
+    ``k`` devices on a laptop, ``["cpu"] * k``. ``mixed=True`` lets the kinds differ, for models whose parts sit on
+    different devices (one device per stage, chapter 04). A single device (not in a list) is refused, because it
+    usually means ``devices=torch.device("cuda")`` was meant as ``[torch.device("cuda")]``.
     """
     if isinstance(devices, (str, int, torch.device)):
         raise DeviceError(tr(
@@ -131,7 +133,7 @@ def check_devices(devices, what="devices"):
             "CPU だけのときは [cpu] を返す mparlib.try_all_gpus() を渡してください。"))
     parsed = [_parse_device(d, what) for d in items]
     kinds = {d.type for d in parsed}
-    if len(kinds) > 1:
+    if len(kinds) > 1 and not mixed:
         shown = ", ".join(str(d) for d in parsed)
         raise DeviceError(tr(
             f"Expected a non cpu device, but got: cpu. The list [{shown}] mixes kinds of device; data parallelism "
@@ -140,7 +142,7 @@ def check_devices(devices, what="devices"):
             f"Expected a non cpu device, but got: cpu（PyTorch のメッセージ）。リスト [{shown}] には種類の違うデバイスが"
             "混ざっています。データ並列に使うデバイスは 1種類にそろえます。すべて GPU（mparlib.try_all_gpus()）にするか、"
             "CPU を k 回並べて（['cpu'] * k）k 個のデバイスを模擬してください。"))
-    return [check_device(d, what) for d in parsed]
+    return [check_device(d, f"{what}[{i}]" if mixed else what) for i, d in enumerate(parsed)]
 
 
 def profile():

@@ -25,3 +25,29 @@ def pytest_collection_modifyitems(config, items):
 def root():
     """The repository's top folder."""
     return ROOT
+
+
+@pytest.fixture(autouse=True)
+def english(monkeypatch):
+    """Messages are checked in English unless a test sets ``MPARLIB_LANG=ja`` itself (the Japanese notebooks check
+    the other language end to end)."""
+    monkeypatch.setenv("MPARLIB_LANG", "en")
+
+
+@pytest.fixture
+def child_env():
+    """``child_env(*paths, **extra)``: the environment for child programs (see :func:`make_child_env`)."""
+    return make_child_env
+
+
+def make_child_env(*paths, **extra):
+    """The environment for a child Python program: one thread, English messages, no rendezvous variables inherited,
+    this checkout (and ``paths``) first on ``PYTHONPATH``; ``extra`` adds or replaces variables."""
+    from mparlib.rendezvous import RENDEZVOUS_VARS
+
+    drop = set(RENDEZVOUS_VARS) | {"LOCAL_RANK", "TORCHELASTIC_RUN_ID"}
+    env = {k: v for k, v in os.environ.items() if k not in drop}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [*map(str, paths), str(ROOT), env.get("PYTHONPATH")]))
+    env.update(OMP_NUM_THREADS="1", MPARLIB_QUIET="1", MPARLIB_LANG="en")
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
