@@ -65,7 +65,7 @@ def finite_float(value, name, example=0.1, where=None, *, positive=True, minimum
 
 
 def seconds(value, name="timeout", where=None, *, allow_none=True):
-    """A positive, finite number of seconds (or ``None`` when ``allow_none``), or a clear error. Explained in 06_ddp."""
+    """A positive, finite number of seconds (or ``None`` when ``allow_none``), or a clear error. Explained in 00_setup."""
     if value is None and allow_none:
         return None
     return finite_float(value, name, 30, where)

@@ -337,6 +337,26 @@ except errors.MparlibError as e:
 
 # %% [markdown]
 # <!-- en -->
+# Arguments are checked before any work starts, and always by the same small module, `mparlib.checks`: `is_int`
+# (an int that is not a bool), `positive_int`, `int_in`, `finite_float`, `seconds`, `flag` (`True` or `False`) and
+# `one_of`. Each returns the value it accepted, or raises `ConfigError` naming the argument, the value it got and
+# an example of a good one. Every function and command line of the course that takes such a setting calls them,
+# so a mistake reads the same wherever it is made:
+# <!-- ja -->
+# 引数は、処理を始める前に、いつも同じ小さなモジュール `mparlib.checks` で検査します。`is_int`（bool ではない整数）、`positive_int`、`int_in`、`finite_float`、`seconds`、`flag`（`True` か `False`）、`one_of` の 7つです。どれも受け付けた値を返すか、引数の名前、渡された値、正しい値の例を示す `ConfigError` を送出します。コースの関数とコマンドラインは、こうした設定を受け取るときに必ずこれらを呼ぶので、どこで間違えても同じ形のメッセージになります。
+
+# %%
+from mparlib import checks
+
+for bad in (0, 2.5, True):  # True is an int to Python, but never a batch size
+    try:
+        checks.positive_int(bad, "batch_size", 256)
+    except errors.ConfigError as e:
+        print(e)
+print(checks.finite_float(0.1, "lr"), checks.flag(False, "verify"), checks.one_of("gloo", "backend", ("gloo", "nccl")))
+
+# %% [markdown]
+# <!-- en -->
 # ## Summary
 #
 # - `mparlib.try_all_gpus()` always returns at least one device; d2l 1.0.3's version returns `[]` without a GPU.
