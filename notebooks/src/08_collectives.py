@@ -18,7 +18,7 @@
 # <!-- ja -->
 # # 8. 集合通信
 #
-# 6章では、DDP が勾配を「オールリデュース（all-reduce）で」平均すると述べただけで先へ進みました。この章ではその中身を開けます。分散訓練のプロセスどうしは、**集合通信**（collective communication）と呼ばれる少数の決まった操作でやり取りします。集合通信はグループのすべてのプロセスがそろって呼び出す操作で、2個のプロセスの間で送る **1対1通信**（point-to-point）のメッセージの上に作られています。この章の内容はすべて `gloo` を使う CPU のプロセスで動き、GPU では `nccl` で動きます。この章では次のことを学びます。
+# 6章では、DDP が勾配を「オールリデュース（all-reduce）で」平均すると述べただけで先へ進みました。この章では、その中身を詳しく見ていきます。分散訓練のプロセスどうしは、**集合通信**（collective communication）と呼ばれる少数の決まった操作でやり取りします。集合通信はグループのすべてのプロセスがそろって呼び出す操作で、2個のプロセスの間で送る **1対1通信**（point-to-point）のメッセージの上に作られています。この章の内容はすべて `gloo` を使う CPU のプロセスで動き、GPU では `nccl` で動きます。この章では次のことを学びます。
 #
 # - 通信の基本操作（`send`/`recv`、`broadcast`、`reduce`、`all_reduce`、`reduce_scatter`、`all_gather`、`all_to_all`）を 4個のプロセスで 1つずつ実行し、何がどこへ動くのかを確かめます。
 # - 送信と受信だけでリング・オールリデュースを作り、`dist.all_reduce` と一致することを確かめます。
@@ -320,10 +320,11 @@ display(Image(figure_png(collectives.ring_figure(4))))
 # reduce-scatter phase it must be added to the rank's own copy of that chunk, not written over it. That buffer is
 # kept from one call to the next (`_receive_buffer`): memory that was never written costs the operating system a page
 # fault per page on its first write, so a receive into a fresh buffer is expected to be slower than one into a used
-# buffer, which is why communication libraries keep their buffers too. Finally, a chunk larger than `PIECE_BYTES` (4
-# MiB) travels as several messages posted in the same step. No cell of this chapter times these two choices: they were
-# made by timing the function on a 2-core CPU while it was written. The ring's times next to `dist.all_reduce` are
-# measured in the next section, and `benchmarks/collectives.py` saves them in `benchmarks/results/collectives-*.json`.
+# buffer, which is why communication libraries keep their buffers too. Finally, a chunk larger than `PIECE_BYTES`
+# (4 MiB) travels as several messages posted in the same step. No cell of this chapter times these two choices: they
+# were made by timing the function on a 2-core CPU while it was written. The ring's times next to `dist.all_reduce`
+# are measured in the next section, and `benchmarks/collectives.py` saves them in
+# `benchmarks/results/collectives-*.json`.
 # <!-- ja -->
 # 関数の中身は次のとおりです。各ステップで、ランクは送信と受信を同時に行う必要があります。もし全ランクがまずブロッキングの `send` を呼ぶと、各ランクは、自分もまだ送信中の隣を待つことになり、メッセージが大きいと誰も受け取れなくなります。`dist.batch_isend_irecv` は 1ステップの 2つのメッセージをまとめて開始し（nccl では 1つのグループとして）、ランクは両方が終わるのを待ってから足し算をします。受け取ったチャンクは別のバッファ `incoming` に入れます。リデュース・スキャッターの段階では、受け取ったチャンクを自分の同じチャンクに足す必要があり、上書きしてはいけないからです。このバッファは呼び出しをまたいで使い回します（`_receive_buffer`）。一度も書き込まれていないメモリには、最初の書き込みのときにページごとにページフォールトが起きるので、新しく確保したバッファへの受信は、使用済みのバッファへの受信より遅くなると考えられます。通信ライブラリがバッファを使い回すのも同じ理由です。最後に、`PIECE_BYTES`（4 MiB）より大きなチャンクは、同じステップの中でまとめて開始する複数のメッセージに分けて送ります。この 2つの工夫の効果を測るセルは、この章にはありません。どちらも、関数を書いたときに CPU 2コアのマシンで時間を測って決めたものです。リングと `dist.all_reduce` の時間は次の節で測ります。`benchmarks/collectives.py` はそれを `benchmarks/results/collectives-*.json` に保存しています。
 
@@ -683,10 +684,10 @@ assert default["buckets"][0][2] >= max(t for _, t in default["grads"])  # one bu
 # model fits in one bucket, which can start only when the last gradient (that of the first layer) is complete: nothing
 # overlaps. DDP's real default behaves otherwise. Without the argument, the first bucket is capped at 1 MiB
 # (`dist._DEFAULT_FIRST_BUCKET_BYTES`) and only the others at 25 MB, so the last layers' gradients leave early in a
-# small bucket of their own and their all-reduce overlaps the rest of the backward pass; for this stack that makes 2
-# buckets (exercise 5). Passing `bucket_cap_mb`, even the value 25, turns the small first bucket off. Smaller buckets
-# are not always better, since each pays the latency `α`; for a large model on fast links, the default is a good
-# compromise, and `bucket_cap_mb` is the knob to try when a profile shows communication waiting at the end of
+# small bucket of their own and their all-reduce overlaps the rest of the backward pass; for this stack that makes
+# 2 buckets (exercise 5). Passing `bucket_cap_mb`, even the value 25, turns the small first bucket off. Smaller
+# buckets are not always better, since each pays the latency `α`; for a large model on fast links, the default is a
+# good compromise, and `bucket_cap_mb` is the knob to try when a profile shows communication waiting at the end of
 # backward.
 #
 # ### A communication hook: half the bytes
@@ -905,9 +906,9 @@ assert all(v > 0 and math.isfinite(v) for v in (run["alone"], run["alone_share"]
 # computation that the second device saves. Exercise 2 puts it to the test. On GPUs the same reasoning explains the
 # usual advice: keep the per-device batch large, and the links fast, before adding devices.
 # <!-- ja -->
-# 実測の行と 2つの予測を比べてください。違いを決めるのは次の 3つの効果で、このマシンでどれが勝つかは数値が示しています。
+# 実測の行と 2つの予測を比べてください。違いを決めるのは次の 3つの効果で、このマシンでどれが強く効いているかは数値からわかります。
 #
-# - **ステップのすべてが `k` で割れるわけではありません。** モデル 1 は、バッチが半分なら時間も半分だと仮定しています。しかし、ステップの一部はバッチに依存しません。オプティマイザはおよそ 1,100万個のパラメータをすべて更新しますし、演算は大きさにかかわらず何百個も起動されますし、小さなバッチはプロセッサを効率よく使えません。この部分は、どのランクも丸ごと払います。モデル 2 は、半分のバッチの計算時間を仮定せずに実測するので、ふつうはこちらのほうが実測に近くなります。`t1(B / 2)` が `t1(B)` の半分よりずっと長いなら、ステップの大部分はこの固定の部分で、デバイスを増やしてもあまり効果はありません。
+# - **ステップのすべてが `k` で割れるわけではありません。** モデル 1 は、バッチが半分なら時間も半分だと仮定しています。しかし、ステップの一部はバッチに依存しません。オプティマイザはおよそ 1,100万個のパラメータをすべて更新し、演算は大きさにかかわらず何百個も起動され、小さなバッチではプロセッサを効率よく使えません。この部分は、どのランクも丸ごと払います。モデル 2 は、半分のバッチの計算時間を仮定せずに実測するので、ふつうはこちらのほうが実測に近くなります。`t1(B / 2)` が `t1(B)` の半分よりずっと長いなら、ステップの大部分はこの固定の部分で、デバイスを増やしてもあまり効果はありません。
 # - **重なりが通信を隠します。** DDP は逆伝播の最中にバケットのオールリデュースを始めます（前の節）。実測がモデル 2 を**下回る**なら、通信の一部が計算と同時に進んだということです。
 # - **デバイスはマシンを共有しています。** CPU のプロセスはメモリ帯域幅やキャッシュを共有し、gloo のスレッドも CPU の時間を必要とし、その分は計算から差し引かれます。マシンで他に動いているものも、それぞれの取り分を持っていきます。GPU は PCIe や NVLink のリンクとホストを共有します。実測がモデル 2 を**上回る**なら、モデルが数えていない何かに時間をとられたということです。テンソルを 1つずつ送るだけで計算をしない帯域幅の測定には、それは見えません。
 #
@@ -1098,9 +1099,9 @@ assert any("Detected mismatch between collectives" in line and "TensorShape=[4]"
 #    take, and what do the two ranks' lines say? Then make `uneven_epoch` correct by making every rank run the
 #    smallest number of steps: `n = torch.tensor([steps_of[rank]]); dist.all_reduce(n, op=dist.ReduceOp.MIN)`,
 #    then loop over `range(n.item())`.
-# 5. Count the buckets of DDP's real default: `from ddp_inside import bucket_timeline`, then `launch(bucket_timeline,
-#    2, args=(None,), backend="gloo")` (`bucket_cap_mb=None` is what DDP gets when nothing is passed). How many
-#    buckets are there, and does the first all-reduce start before the last gradient is ready?
+# 5. Count the buckets of DDP's real default: `from ddp_inside import bucket_timeline`, then
+#    `launch(bucket_timeline, 2, args=(None,), backend="gloo")` (`bucket_cap_mb=None` is what DDP gets when nothing is
+#    passed). How many buckets are there, and does the first all-reduce start before the last gradient is ready?
 # <!-- ja -->
 # ## まとめ
 #
@@ -1113,7 +1114,7 @@ assert any("Detected mismatch between collectives" in line and "TensorShape=[4]"
 #
 # ## 練習問題
 #
-# 1. `all_to_all_single` と `reduce_scatter_tensor` が何を表示するかを予想してから、`tour` を 3個のプロセスで実行してください（`launch(tour, 3)`）（リングのセルの最後の assert は 4個のランクを前提にしているので、外してください）。
+# 1. `all_to_all_single` と `reduce_scatter_tensor` が何を表示するかを予想してから、`tour` を 3個のプロセスで実行してください（`launch(tour, 3)`。リングのセルの最後の assert は 4個のランクを前提にしているので、外してください）。
 # 2. スケーリングのセルが表示した損益分岐の全体のバッチサイズと、その半分と 2倍（偶数にしてください）で、`one_vs_many` を実行し直してください。モデルが予測したところで、2個のプロセスは 1個より遅くなるでしょうか。
 # 3. `ddp_inside` のセルの `stack()` を、固定したランダムなバッチで 100ステップ訓練して損失を返すワーカーを書いてください。`model.register_comm_hook(None, default_hooks.bf16_compress_hook)` を付けた場合と付けない場合で実行し、2つの曲線に違いがあるかを調べてください。
 # 4. `TORCH_DISTRIBUTED_DEBUG` を設定せずに `hang(mismatched_shapes)` を実行してください。実行はどのように終わり、どれだけ時間がかかり、2つのランクの行には何と表示されるでしょうか。次に、すべてのランクがいちばん少ないステップ数だけ進むようにして、`uneven_epoch` を正しく直してください: `n = torch.tensor([steps_of[rank]]); dist.all_reduce(n, op=dist.ReduceOp.MIN)` のあとで `range(n.item())` についてループします。

@@ -159,9 +159,9 @@ for stage, label in enumerate(["DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3 / FSDP"]):
 # ZeRO-1 shards only the optimizer state and already cuts the 112 GB to 38.5 GB per rank; ZeRO-3 shards everything and
 # leaves 1/8, 14 GB. The Playbook also has an interactive figure of the same stages for an 8B model on 8 ranks, but
 # its numbers do not follow the Playbook's own text: it shows 60 GB of optimizer state (7.5 GB with ZeRO-1) and 15 GB
-# each of parameters and gradients (1.875 GB with ZeRO-2 and ZeRO-3), while 12 bytes of optimizer state per parameter
-# make about 96 GB for 8 billion parameters; 60 GB is 8e9 x 8 bytes, counted in GiB. This chapter follows the text, 16
-# bytes per parameter, which the cell above checks.
+# each of gradients and parameters (1.875 GB with ZeRO-2 and ZeRO-3 respectively), while 12 bytes of optimizer state
+# per parameter make about 96 GB for 8 billion parameters; 60 GB is 8e9 x 8 bytes, counted in GiB. This chapter
+# follows the text, 16 bytes per parameter, which the cell above checks.
 #
 # Now our own model. `vit("smoke", patch=7)` from `mparlib.vit` builds a `ViT` from a `ViTConfig`: the 28x28 image
 # is cut into 16 patches of 7x7 pixels, each becomes a token of width 64, and 4 `Block`s mix the tokens (each a
@@ -171,7 +171,7 @@ for stage, label in enumerate(["DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3 / FSDP"]):
 # `sharding.held_bytes` adds up the storage behind the parameters, the gradients and every tensor in the
 # optimizer's state.
 # <!-- ja -->
-# ZeRO-1 はオプティマイザの状態だけをシャーディングしますが、それだけで 1ランクあたり 112 GB が 38.5 GB に減ります。ZeRO-3 はすべてをシャーディングし、1/8 の 14 GB だけが残ります。Playbook には、8B のモデルを 8個のランクで訓練するときの同じステージを示す対話的な図もありますが、その数値は Playbook 自身の本文と合いません。図ではオプティマイザの状態が 60 GB（ZeRO-1 で 7.5 GB）、パラメータと勾配がそれぞれ 15 GB（ZeRO-2、ZeRO-3 で 1.875 GB）ですが、パラメータ 1つあたり 12バイトのオプティマイザの状態なら、80億パラメータで約 96 GB になるはずです。60 GB は 8e9 × 8バイトを GiB で数えた値です。この章は本文の計算（パラメータ 1つあたり 16バイト）に従い、それを上のセルで確かめています。
+# ZeRO-1 はオプティマイザの状態だけをシャーディングしますが、それだけで 1ランクあたり 112 GB が 38.5 GB に減ります。ZeRO-3 はすべてをシャーディングし、1/8 の 14 GB だけが残ります。Playbook には、8B のモデルを 8個のランクで訓練するときの同じステージを示す対話的な図もありますが、その数値は Playbook 自身の本文と合いません。図ではオプティマイザの状態が 60 GB（ZeRO-1 で 7.5 GB）、勾配とパラメータがそれぞれ 15 GB（ZeRO-2 と ZeRO-3 でそれぞれ 1.875 GB）ですが、パラメータ 1つあたり 12バイトのオプティマイザの状態なら、80億パラメータで約 96 GB になるはずです。60 GB は 8e9 × 8バイトを GiB で数えた値です。この章は本文の計算（パラメータ 1つあたり 16バイト）に従い、それを上のセルで確かめています。
 #
 # 次はこの章のモデルです。`mparlib.vit` の `vit("smoke", patch=7)` は、`ViTConfig` から `ViT` を作ります。28x28 の画像を 7x7 ピクセルのパッチ 16個に切り分け、各パッチを幅 64 のトークンにし、4つの `Block` がトークンを混ぜ合わせます（各ブロックは pre-norm の Transformer ブロックで、アテンションと MLP のそれぞれに残差接続を付けたものです）。計算では、fp32 と Adam ならパラメータ 1つあたり 16バイトになるはずです。これを確かめるため、次のセルでモデルを作って Adam で 1ステップ進め、その後に存在するテンソルのバイト数を数えます。`sharding.held_bytes` は、パラメータ、勾配、オプティマイザの状態にあるすべてのテンソルについて、その裏にあるストレージのバイト数を合計します。
 
@@ -226,23 +226,23 @@ assert single["optimizer"] == predicted["optimizer"] + 4 * steps
 # The bytes sent are the same as DDP's all-reduce (it was a reduce-scatter and an all-gather anyway), and each rank
 # now keeps 1/N of the optimizer state (ZeRO stage 1) and, once the step is over, 1/N of the gradients. That is not
 # yet ZeRO stage 2, whose point is the gradients' memory: `sharded_step` below first copies every `p.grad` into a
-# full-size flat buffer, so while it does, a rank holds the gradients twice, about twice DDP's gradient memory. It
+# full-size flat buffer, so while it does, a rank holds the full gradient twice: twice the gradient bytes counted for
+# DDP below (about what DDP itself holds with its communication buckets, unless `gradient_as_bucket_view=True`). It
 # shards the optimizer step, not the gradients' memory. A real ZeRO-2 reduce-scatters the gradients during the
 # backward pass, bucket by bucket, so that the full gradient never exists at once on a rank. For an optimizer that
 # works element by element (SGD, Adam, AdamW), updating slices is the same arithmetic as updating everything, so the
 # parameters must come out **exactly** as DDP's. (One that looks at whole tensors, like clipping by the global
 # gradient norm, needs one more all-reduce of a single number.)
 #
-# The worker cell below writes it with `torch.distributed` directly: `reduce_scatter_single` and
-# `all_gather_single` are the tensor forms of chapter 8's `reduce_scatter` and `all_gather`, under the names that
-# PyTorch 2.13 gave `reduce_scatter_tensor` and `all_gather_into_tensor` (it warns that the old names are
-# deprecated; the worker falls back to them on older releases, and chapter 8's tour calls the old names, which every
-# release has). gloo supports both on CPU tensors. `flatten` moves the model's parameters into one flat buffer, each
-# parameter becoming a view of its stretch, so that the all-gather writes straight into the parameters, and rank r's
-# slice is a view too:
-# the optimizer updates the buffer in place. `compare` trains the same model four ways on the same batches: DDP,
-# this sharded step, the same algorithm as packaged in `mparlib.sharding.ShardedOptimizer` (which the tests and
-# the benchmark use), and PyTorch's `ZeroRedundancyOptimizer`.
+# The worker cell below writes it with `torch.distributed` directly: `reduce_scatter_single` and `all_gather_single`
+# are the tensor forms of chapter 8's `reduce_scatter` and `all_gather`, under the names that PyTorch 2.13 gave
+# `reduce_scatter_tensor` and `all_gather_into_tensor` (it warns that the old names are deprecated; the worker falls
+# back to them on older releases, and chapter 8's tour calls the old names, which every release has). gloo supports
+# both on CPU tensors. `flatten` moves the model's parameters into one flat buffer, each parameter becoming a view of
+# its stretch, so that the all-gather writes straight into the parameters, and rank r's slice is a view too: the
+# optimizer updates the buffer in place. `compare` trains the same model four ways on the same batches: DDP, this
+# sharded step, the same algorithm as packaged in `mparlib.sharding.ShardedOptimizer` (which the tests and the
+# benchmark use), and PyTorch's `ZeroRedundancyOptimizer`.
 # <!-- ja -->
 # ## プリミティブから作る ZeRO
 #
@@ -254,7 +254,7 @@ assert single["optimizer"] == predicted["optimizer"] + 4 * steps
 # 2. ランク r はスライス r だけについてオプティマイザを実行します。そのため、オプティマイザの状態もスライス r の分だけを持ちます。
 # 3. 更新したスライスをオールギャザーします。すべてのランクが、再びすべての新しいパラメータを持ちます。
 #
-# 送るバイト数は DDP のオールリデュースと同じです（もともとリデュース・スキャッターとオールギャザーだったからです）。そして各ランクが持ち続けるのは、オプティマイザの状態の 1/N（ZeRO のステージ 1）と、ステップが終わったあとの勾配の 1/N です。ただし、これはまだ ZeRO のステージ 2 ではありません。ステージ 2 の目的は勾配のメモリですが、下の `sharded_step` はまずすべての `p.grad` をモデル全体の大きさのフラットなバッファにコピーするので、その間ランクは勾配を 2組、つまり DDP のおよそ 2倍の勾配のメモリを持ちます。シャーディングしているのはオプティマイザのステップで、勾配のメモリではありません。本当の ZeRO-2 は、逆伝播の途中でバケットごとに勾配をリデュース・スキャッターするので、完全な勾配が一度にランク上にそろうことはありません。要素ごとに計算するオプティマイザ（SGD、Adam、AdamW）なら、スライスごとに更新しても全体を更新しても計算は同じなので、パラメータは DDP と**完全に**一致するはずです（勾配全体のノルムでクリッピングするように、テンソル全体を見る処理には、数 1つのオールリデュースがもう 1回必要です）。
+# 送るバイト数は DDP のオールリデュースと同じです（もともとリデュース・スキャッターとオールギャザーだったからです）。そして各ランクが持ち続けるのは、オプティマイザの状態の 1/N（ZeRO のステージ 1）と、ステップが終わったあとの勾配の 1/N です。ただし、これはまだ ZeRO のステージ 2 ではありません。ステージ 2 の目的は勾配のメモリですが、下の `sharded_step` はまずすべての `p.grad` をモデル全体の大きさのフラットなバッファにコピーするので、その間ランクは完全な勾配を 2組持ちます。下で DDP について数える勾配のバイト数の 2倍です（DDP 自身も、`gradient_as_bucket_view=True` にしなければ通信用のバケットにもう 1組持つので、それとほぼ同じです）。シャーディングしているのはオプティマイザのステップで、勾配のメモリではありません。本当の ZeRO-2 は、逆伝播の途中でバケットごとに勾配をリデュース・スキャッターするので、完全な勾配が一度にランク上にそろうことはありません。要素ごとに計算するオプティマイザ（SGD、Adam、AdamW）なら、スライスごとに更新しても全体を更新しても計算は同じなので、パラメータは DDP と**完全に**一致するはずです（勾配全体のノルムでクリッピングするように、テンソル全体を見る処理には、数 1つのオールリデュースがもう 1回必要です）。
 #
 # 下のワーカーのセルでは、これを `torch.distributed` で直接書きます。`reduce_scatter_single` と `all_gather_single` は、8章の `reduce_scatter` と `all_gather` のテンソル版で、PyTorch 2.13 で `reduce_scatter_tensor` と `all_gather_into_tensor` に付けられた新しい名前です（古い名前には非推奨の警告が出ます。それより前のリリースでは、ワーカーは古い名前を使います。8章の `tour` は、どのリリースにもある古い名前を使っています）。gloo は CPU のテンソルでどちらにも対応しています。`flatten` はモデルのパラメータを 1本のフラットなバッファに移し、各パラメータをバッファの自分の区間のビューにします。こうするとオールギャザーの結果がそのままパラメータに書き込まれます。ランク r のスライスもビューなので、オプティマイザはバッファをその場で更新します。`compare` は同じモデルを同じバッチで 4通りの方法で訓練します。DDP、このシャーディングしたステップ、同じアルゴリズムを `mparlib.sharding.ShardedOptimizer` にまとめたもの（テストとベンチマークで使います）、そして PyTorch の `ZeroRedundancyOptimizer` です。
 
@@ -890,9 +890,9 @@ print(tr("bytes reduce-scattered per step, same in both:", "1ステップでリ�
 # %% [markdown]
 # <!-- en -->
 # The all-gathers carry half the bytes, so the gathered blocks should take half the memory too (2 bytes per element
-# instead of 4; no cell here measures that); the gradients are reduced in float32, as asked. On GPUs with bfloat16
-# support the matrix products usually run several times faster as well; on a CPU they may be slower, depending on the
-# processor (this chapter times neither).
+# instead of 4; no cell here measures that); the gradients are reduced in float32, as asked. On GPUs with
+# bfloat16 support the matrix products usually run several times faster as well; on a CPU they may be slower,
+# depending on the processor (this chapter times neither).
 #
 # ### The same training as one process
 #
@@ -1274,13 +1274,13 @@ print(tr("(DDP's and ZeRO-1's traffic: an all-reduce counted as a reduce-scatter
 #   fp32 or in mixed precision (with an fp32 master copy of the weights). DDP keeps all of it on every rank.
 # - ZeRO shards them: stage 1 the optimizer state, stage 2 also the gradients, stage 3 also the parameters. The
 #   chapter's sharded step is DDP's all-reduce cut in two, reduce-scatter, update one slice, all-gather: the same
-#   bytes, the same parameters (proved here against DDP), 1/N of the optimizer state. It gathers the full gradient
-#   first, so it shards the optimizer step, not the gradients' memory; a real ZeRO-2 reduce-scatters bucket by bucket
-#   during the backward pass.
+#   bytes, the same parameters (proved here against DDP), 1/N of the optimizer state. It first copies the full
+#   gradient into a flat buffer, so it shards the optimizer step, not the gradients' memory; a real
+#   ZeRO-2 reduce-scatters bucket by bucket during the backward pass.
 # - FSDP2 is `fully_shard` per block and at the root: parameters become DTensors sharded on dimension 0, each rank
 #   holds 1/N of parameters, gradients and optimizer state (within the padding), and each block is gathered just
-#   before it computes. `reshard_after_forward` trades memory against a second all-gather; `MixedPrecisionPolicy` halves
-#   the gathered bytes. It trains exactly like one process.
+#   before it computes. `reshard_after_forward` trades memory against a second all-gather; `MixedPrecisionPolicy`
+#   halves the gathered bytes. It trains exactly like one process.
 # - Activation checkpointing keeps each block's input and recomputes the rest in the backward pass.
 # - DCP saves every rank's shards in parallel and reshards on load (2 ranks -> 4 ranks -> 1 process). Save into a
 #   temporary folder, rename it, then point `latest` at it: a killed save is never taken for a complete one.
@@ -1303,7 +1303,7 @@ print(tr("(DDP's and ZeRO-1's traffic: an all-reduce counted as a reduce-scatter
 # ## まとめ
 #
 # - 訓練では、パラメータ 1つにつきパラメータ、勾配、オプティマイザの状態を持ちます。Adam なら fp32 でも混合精度（重みの fp32 のマスターコピー）でも 16バイトです。DDP はそのすべてを全ランクに持たせます。
-# - ZeRO はこれをシャーディングします。ステージ 1 はオプティマイザの状態、ステージ 2 は勾配も、ステージ 3 はパラメータもシャーディングします。この章のシャーディングしたステップは、DDP のオールリデュースを 2つに分けたものです。リデュース・スキャッターし、1つのスライスを更新し、オールギャザーします。送るバイト数もパラメータも同じで（ここでは DDP と比べて証明しました）、オプティマイザの状態は 1/N です。ただし最初に完全な勾配を集めるので、シャーディングしているのはオプティマイザのステップで、勾配のメモリではありません。本当の ZeRO-2 は、逆伝播の途中でバケットごとにリデュース・スキャッターします。
+# - ZeRO はこれをシャーディングします。ステージ 1 はオプティマイザの状態、ステージ 2 は勾配も、ステージ 3 はパラメータもシャーディングします。この章のシャーディングしたステップは、DDP のオールリデュースを 2つに分けたものです。リデュース・スキャッターし、1つのスライスを更新し、オールギャザーします。送るバイト数もパラメータも同じで（ここでは DDP と比べて証明しました）、オプティマイザの状態は 1/N です。ただし最初に完全な勾配をフラットなバッファにコピーするので、シャーディングしているのはオプティマイザのステップで、勾配のメモリではありません。本当の ZeRO-2 は、逆伝播の途中でバケットごとにリデュース・スキャッターします。
 # - FSDP2 は、ブロックごととルートの `fully_shard` です。パラメータは 0次元目でシャーディングされた DTensor になり、各ランクはパラメータ、勾配、オプティマイザの状態の 1/N（とパディング）を持ち、各ブロックは計算の直前に集められます。`reshard_after_forward` でメモリと 2回目のオールギャザーを交換でき、`MixedPrecisionPolicy` は集めるバイト数を半分にします。訓練は 1個のプロセスとまったく同じように進みます。
 # - 活性化の再計算は各ブロックの入力だけを残し、残りは逆伝播の中で計算し直します。
 # - DCP は全ランクのシャードを並行して保存し、読み込むときに再シャーディングします（ランク 2個 → ランク 4個 → 1個のプロセス）。一時フォルダに保存し、名前を変えてから `latest` でそれを指せば、強制終了された保存が完了したものと取り違えられることはありません。
