@@ -781,10 +781,11 @@ assert all(r["ms"] > 0 and math.isfinite(r["ms"]) for r in acc.values())
 # images or 800. Two devices are slower than one as soon as the all-reduce costs more than the share of the
 # computation that the second device takes over: small per-device batches, large models and slow links.
 #
-# The worker below measures this for the ResNet-18 step of chapter 6. Rank 0 first times the step on its own, as
-# one device with the whole global batch (and, for later, with half of it), while the other rank waits at a
-# barrier (a rank waiting in gloo uses no CPU time); then both ranks time DDP steps on half the batch each. The fitted `α` and `β`
-# from the bandwidth measurement turn the gradient bytes into a predicted communication time.
+# The worker below measures this for the ResNet-18 step of chapter 6. Rank 0 first times the step on its own, as one
+# device with the whole global batch (and, for later, with half of it), while the other rank waits at a barrier (a
+# rank that waits in gloo sleeps until the barrier's message arrives, so it should take almost no CPU time); then both
+# ranks time DDP steps on half the batch each. The fitted `α` and `β` from the bandwidth measurement turn the gradient
+# bytes into a predicted communication time.
 # <!-- ja -->
 # ## 2つのデバイスが 1つより遅くなるわけ
 #
@@ -794,7 +795,7 @@ assert all(r["ms"] > 0 and math.isfinite(r["ms"]) for r in acc.values())
 #
 # 第 1項はデバイスを増やすほど小さくなりますが、第 2項は小さくなりません。バイト数はバッチではなく**モデル**で決まるからです。ResNet-18 のパラメータ 11,175,818個は、デバイスが計算する画像が 8枚でも 800枚でも、float32 の勾配で 44.7 MB になります。オールリデュースにかかる時間が、2つ目のデバイスが引き受ける分の計算時間を上回ると、2つのデバイスは 1つより遅くなります。デバイスあたりのバッチが小さいとき、モデルが大きいとき、リンクが遅いときです。
 #
-# 次のワーカーは、6章の ResNet-18 のステップについてこれを測ります。まずランク 0 が 1つのデバイスとして、全体のバッチで（あとで使うために、その半分でも）ステップの時間を単独で測ります。その間、もう一方のランクはバリアで待ちます（gloo で待っているランクは CPU の時間を使いません）。次に、両方のランクがバッチを半分ずつ受け持って DDP のステップの時間を測ります。帯域幅の測定で当てはめた `α` と `β` を使えば、勾配のバイト数から通信時間を予測できます。
+# 次のワーカーは、6章の ResNet-18 のステップについてこれを測ります。まずランク 0 が 1つのデバイスとして、全体のバッチで（あとで使うために、その半分でも）ステップの時間を単独で測ります。その間、もう一方のランクはバリアで待ちます（gloo で待っているランクはバリアのメッセージが届くまで眠っているので、CPU の時間はほとんど使わないはずです）。次に、両方のランクがバッチを半分ずつ受け持って DDP のステップの時間を測ります。帯域幅の測定で当てはめた `α` と `β` を使えば、勾配のバイト数から通信時間を予測できます。
 
 # %%
 # %%worker scaling_workers
