@@ -391,3 +391,112 @@ def test_the_japanese_notebooks_print_japanese(name):
         problems += [f"cell {cell_id}: no space between a number and its counter: {m.group()!r}"
                      for m in OUTPUT_COUNTER.finditer(text)]
     assert not problems, f"ja/{name}:\n" + "\n".join(problems)
+
+
+# --- The chapter sources' Japanese --------------------------------------------------------------------------------
+# The prose is edited in notebooks/src and reaches the stored notebooks at the next build, so these rules read the
+# Japanese part of every markdown cell of the sources: the words of GLOSSARY.md's "one word per idea" rows, commas,
+# and the form of headings, besides every rule above.
+
+SOURCES = sorted((ROOT / "notebooks" / "src").glob("[0-9][0-9]_*.py"))
+# GLOSSARY.md's rows from 集団通信 on: a pattern of the form not to use and the form to use. A word that also has
+# another, correct meaning is matched only where it stands for the idea the glossary names: 接続 for a link between
+# devices (not 残差接続 or an internet connection), 形 for a tensor's shape (not 「リストを受け取る形」), かける for
+# applying an operator (not 時間をかける, and not 掛ける, multiplying).
+TERMS = [
+    (r"集団通信", "集合通信"),
+    (r"不可分", "アトミック"),
+    (r"回線|(?:速い|遅い|高速な|低速な)接続|接続が(?:速|遅)", "リンク"),
+    (r"形(?=(?:と|、) ?dtype|のそろった|の合わない|のテンソル|を変え)|CODE ?の形(?=は|が|を)|(?:同じ|違う|どの)形(?=で)",
+     "形状"),
+    (r"包[まみむめもん]", "ラップする"),
+    (r"計画", "プラン"),
+    (r"専門家混合", "MoE"),
+    (r"平らな", "フラットな"),
+    (r"(?<!時間)(?<!手間)(?<!負荷)(?<!迷惑)を(?: ?\d+回だけ)?かけ", "適用する"),
+]
+JA_COMMA = re.compile(f"[{JA_CHARS}）」』][ \t]*,[ \t]*(?=[{JA_CHARS}（「『])")
+NOT_A_NOUN = re.compile(r"(?:です|ます|。|か)$|[？?]")  # a sentence, or a question
+SUBTITLE = re.compile(r"[:：]\s*")
+
+
+def term_problems(markdown):
+    """Words that GLOSSARY.md's "one word per idea" rows replace by another, in one Japanese markdown cell."""
+    text = plain(markdown).replace("**", "")
+    return [f"{m.group()!r} in {shown(text, m.start(), m.end())}: write {chosen} (GLOSSARY.md)"
+            for pattern, chosen in TERMS for m in re.finditer(pattern, text)]
+
+
+def comma_problems(markdown):
+    """Half-width commas between Japanese words (outside code and math), which are written 、."""
+    text = plain(markdown)
+    return [f"a half-width comma between Japanese words, write 、: {shown(text, m.start(), m.end())}"
+            for m in JA_COMMA.finditer(text)]
+
+
+def heading_form_problems(markdown):
+    """Japanese headings that are not in noun form: ending in です/ます/。/か, or asking a question."""
+    return [f"heading {text!r}: write it in noun form (体言止め), not as a sentence or a question"
+            for _, text in headings(markdown)
+            if any(NOT_A_NOUN.search(part.strip()) for part in SUBTITLE.split(plain(text, code="CODE")))]
+
+
+def source_cells(path):
+    """``(index, English, Japanese)`` of every markdown cell of a chapter source, as tools/notebooks.py reads it."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        import notebooks as builder
+    finally:
+        sys.path.pop(0)
+    markdown = [c.body for c in builder.parse(path) if c.kind == "markdown"]
+    return [(i, body["en"], body["ja"]) for i, body in enumerate(markdown)]
+
+
+def test_rule_terms():
+    for good in ["集合通信を呼び出します。", "インターネット接続が必要です。", "残差接続を付けたものです。",
+                 "相手が接続を閉じたときです。", "リストを受け取る形もあります。", "同じ形のメッセージになります。",
+                 "`f ... g` の形になるように", "係数を掛けて求めます。", "時間をかけて訓練します。", "プラン（plan）",
+                 "フラットなバッファ", "アトミックに書き込みます。", "MoE（Mixture of Experts）", "形状と dtype",
+                 "速いリンクの上だけです。", "`f` を適用します。", "モジュールをラップします。"]:
+        assert term_problems(good) == [], good
+    for bad in ["集団通信", "不可分な操作です。", "回線が遅いとき", "速い接続の上", "接続が遅いとき", "形と dtype",
+                "形のそろったテンソル", "違う形のテンソル", "`pos` の形は `(1, 16)` です", "同じ形で呼び出します",
+                "`self.heads` で形を変えます", "モジュールを包み、", "残差接続で包んだもの", "計画（plan）", "専門家混合",
+                "平らなバッファ", "入力に `f` をかけます。", "`copy_to_parallel` を 1回だけかけてから"]:
+        assert term_problems(bad), bad
+
+
+def test_rule_commas_between_japanese_words():
+    for good in ["`a`, `b` を渡します。", "min(a, b) です。", "GPU 0, 1 を使います。", "ピーク、帯域幅", "$f(x, y)$ の値",
+                 "1,000万行あります。", "ランク 0, 1 で", "```python\nx = f(あ, い)\n```"]:
+        assert comma_problems(good) == [], good
+    for bad in ["min(ピーク, 帯域幅)", "パラメータ,勾配", "（前）, 後ろ", "勾配 , 状態"]:
+        assert comma_problems(bad), bad
+
+
+def test_rule_headings_in_noun_form():
+    for good in ["# 8. 集合通信", "### 逆伝播と重なるバケット", "## 名前が衝突するとき", "## まとめ",
+                 "### ZeRO-3 と ZeRO-2 の切り替え: `reshard_after_forward`", "## 証明: 同じ出力と同じ勾配",
+                 "本文は「何でしょうか？」と問いかけます。"]:
+        assert heading_form_problems(good) == [], good
+    for bad in ["## 時間はどこに使われているか", "### 5. DataParallel か DistributedDataParallel か",
+                "### ZeRO-3 か ZeRO-2 か: `reshard_after_forward`", "## 何が起きるのでしょう？", "## これは例です",
+                "## バケットは逆伝播と重なります", "## 重なる?", "## 結果。"]:
+        assert heading_form_problems(bad), bad
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: p.name)
+def test_japanese_of_the_sources_follows_the_writing_rules(path):
+    problems = []
+    for i, en, ja in source_cells(path):
+        found = (term_problems(ja) + comma_problems(ja) + heading_form_problems(ja) + prose_problems(ja)
+                 + heading_problems([en], [ja]))
+        problems += [f"markdown cell {i}: {p}" for p in found]
+    assert not problems, f"notebooks/src/{path.name} (Japanese):\n" + "\n".join(problems)
+
+
+def test_the_glossary_lists_every_word_the_source_checks_enforce():
+    glossary = (ROOT / "notebooks" / "GLOSSARY.md").read_text(encoding="utf-8")
+    table = glossary.split("表記の統一", 1)[1].split("\n\n", 2)[1]
+    for pattern, chosen in TERMS:
+        assert f"| {chosen}" in table, f"GLOSSARY.md's table of spellings lacks {chosen!r}, which the checks require"

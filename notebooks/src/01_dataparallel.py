@@ -268,7 +268,7 @@ log.clear()
 # <!-- ja -->
 # ## 実践上の注意点
 #
-# ### 1. モジュールは先に `device_ids[0]` に置く
+# ### 1. `device_ids[0]` へのモジュールの事前配置
 #
 # `nn.DataParallel` は順伝播のたびに、モジュールを `device_ids` の 1枚目の GPU からほかの GPU へコピーします。コピー元の 1枚目の GPU へモジュールを移す処理は（GPU が 1枚の場合を除いて）してくれません。パラメータが CPU に残ったままだと、最初の呼び出しが `RuntimeError: module must have its parameters and buffers on device cuda:0 ...` で失敗します。ラップする前に `model.to("cuda:0")` の 1行を書けば解決します。入力はどのデバイスにあってもかまいません。チャンクは `scatter` が移動してくれます。GPU が 2枚以上あれば次のセルでエラーと修正を実際に示し、それ以外のマシンではその旨を表示するだけです。
 
@@ -294,7 +294,7 @@ else:
 # The gathered output lands on `output_device`, which defaults to `device_ids[0]`; so does the loss you compute
 # from it, and the labels must be moved there too. `output_device=-1` sends the result to the CPU.
 # <!-- ja -->
-# ### 2. 結果は `output_device` に返ってくる
+# ### 2. `output_device` に返ってくる結果
 #
 # 集約された出力は `output_device`（既定値は `device_ids[0]`）に置かれます。そこから計算する損失も同じデバイスに乗るので、ラベルもそのデバイスに移しておく必要があります。`output_device=-1` を指定すると結果は CPU に返ります。
 
@@ -320,7 +320,7 @@ else:
 # GPU 0 is therefore higher, and it is the one that runs out first when the batch grows. With two or more GPUs
 # the next cell measures the peak memory of each GPU during one training step.
 # <!-- ja -->
-# ### 3. 最初の GPU のメモリが多く使われる
+# ### 3. メモリを多く使う最初の GPU
 #
 # GPU 0 は元のパラメータとその勾配を持ち、入力バッチ全体を受け取り、集約した出力とそこから計算する損失も抱えます。ほかの GPU が持つのはレプリカと自分のチャンクだけです。そのため GPU 0 のピークメモリは高くなり、バッチを大きくすると最初にメモリ不足になるのは GPU 0 です。GPU が 2枚以上あれば、次のセルで 1回の訓練ステップ中の各 GPU のピークメモリを測ります。
 
@@ -418,7 +418,7 @@ assert gap < 1e-12, gap
 #
 # Chapter 6 trains the same model with DDP and compares the two.
 # <!-- ja -->
-# ### 5. DataParallel か DistributedDataParallel か
+# ### 5. DataParallel と DistributedDataParallel の使い分け
 #
 # `nn.DataParallel` は 1行で使えるので、最初に学ぶには最適です。しかし PyTorch のドキュメントは、1台のマシンであっても `nn.parallel.DistributedDataParallel`（DDP）を推奨しています。
 #

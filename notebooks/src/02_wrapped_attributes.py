@@ -84,7 +84,7 @@ print(model.class_names, model.dim)
 # Wrap the model and ask for the same method. The wrapper computes the same `forward`, but `predict` is not
 # found:
 # <!-- ja -->
-# ## ラップすると付加情報に手が届かない
+# ## ラップしたあとは手の届かない付加情報
 #
 # モデルをラップして、同じメソッドを呼んでみます。ラッパーは同じ `forward` を計算しますが、`predict` は見つかりません。
 
@@ -117,7 +117,7 @@ for name in ["predict", "class_names", "head", "body"]:
 # wrapper's `_modules` under the name `module`; its methods and attributes are one level further down, where
 # nobody looks.
 # <!-- ja -->
-# ### 属性はどこにあるのか
+# ### 属性の置き場所
 #
 # Python は `wrapped.predict` を 2段階で探します。まず通常の探索で、インスタンスの `__dict__`、次にクラスとその親クラスを調べます。そこで見つからなかったときにだけ、クラスの `__getattr__` を呼びます。`nn.Module` はパラメータ、バッファ、サブモジュールを `__dict__` ではなく 3つの表（`_parameters`、`_buffers`、`_modules`）にしまっていて、`__getattr__` はその表を探します。ただし、探すのはラッパー自身の表だけです。モデルはラッパーの `_modules` に `module` という名前で入っていて、そのメソッドや属性はさらに 1段下にあるため、誰にも探されません。
 

@@ -304,7 +304,7 @@ plt.show()
 # simulated devices. Computing in float64 leaves rounding no room to hide a difference, so the tolerance is
 # `1e-12`.
 # <!-- ja -->
-# ## 証明: 出力も勾配も同じになる
+# ## 証明: 同じ出力と同じ勾配
 #
 # 分割によって何かが変わるのでしょうか。主張は、`data_parallel(module, X, devices)` が `module(X)` と同じ出力を計算し、そこから計算した損失がどのパラメータにも同じ勾配を与える、というものです。割り切れるバッチ（8行）、割り切れないバッチ（7行）、デバイスの数より小さいバッチ（2行）について、1〜4個の模擬デバイスで確かめます。float64 で計算すれば丸め誤差に差が隠れる余地はないので、許容誤差は `1e-12` とします。
 

@@ -18,7 +18,7 @@
 #   returns what it measured;
 # - train on one device and on all devices, and explain why the two runs differ in accuracy and in time.
 # <!-- ja -->
-# # 5. 複数 GPU での簡潔な実装: Fashion-MNIST で ResNet-18 を訓練する
+# # 5. 複数 GPU での簡潔な実装: Fashion-MNIST での ResNet-18 の訓練
 #
 # 1〜3章では `nn.DataParallel` を分解して中身を調べました。この章では、多くのコードと同じように、モデルを作ってラップし、そのまま訓練します。題材は『Dive into Deep Learning』（d2l）の「複数 GPU のための簡潔な実装」の節です。少し手を加えた ResNet-18 に Fashion-MNIST を 10エポック学習させます。1回目は GPU 1枚でバッチサイズ 256、学習率 0.1、2回目は GPU 2枚でバッチサイズ 512、学習率 0.2 です。
 #
@@ -512,7 +512,7 @@ assert variance < 0.01 and steps > 40
 # Ctrl-C or Jupyter's stop button does) after two batches; `train` returns the history of the finished epochs
 # (none yet) instead of an error.
 # <!-- ja -->
-# ## 途中で止めても測定結果は残る
+# ## 途中で止めても残る測定結果
 #
 # 長い訓練を途中で止めても、記録が失われては困ります。ここでは 2バッチ目の後で `KeyboardInterrupt` を送出するデータのイテレータを使います（Ctrl-C や Jupyter の停止ボタンと同じです）。`train` はエラーにせず、終わったエポックの記録（ここではまだ 0個）を返します。
 

@@ -279,7 +279,7 @@ print(shares)
 # exit code 1`. (Starting processes by `fork`, which copies the kernel, avoids the import but is unsafe once CUDA
 # has been used, so PyTorch spawns.) `launch` checks this before starting anything:
 # <!-- ja -->
-# ## ノートブックからプロセスを起動する
+# ## ノートブックからのプロセスの起動
 #
 # `mparlib.launch` の `launch(fn, nproc, args=(...), kwargs={...})` は、新しい Python プロセスを `nproc` 個起動し、torchrun が設定するのと同じ環境変数を渡してプロセスグループを作り、各プロセスで `fn(*args, **kwargs)` を呼び出して、ランク 0 の `fn` の戻り値を返します。ランク 0 が表示する行とライブ表示のグラフも、セルの中に表示します。`launch` 自身のオプション（`backend`、`port`、`echo` など）はキーワード専用なので、ワーカーに渡すつもりの引数を横取りすることはありません。ランデブーのサーバーは torchrun と同じく起動する側が受け持ち、起動したプロセスは `launch` と運命をともにします。セルを中断しても、カーネルを再起動しても、起動したプログラムを強制終了しても、すべてのランクが止まります。
 #
@@ -354,7 +354,7 @@ print(launch(hello, 2))
 # the global batch). The worker `one_step` above builds the model from the same seed and takes one SGD step on
 # rank `r`'s half.
 # <!-- ja -->
-# ## 半分ずつの計算を合わせると全体の計算になる
+# ## 半分ずつの計算と全体の計算の一致
 #
 # 各プロセスは自分の担当する `b = B / W` 個のデータで損失の平均をとり、DDP は `W` 個のプロセスの勾配を平均します。プロセスごとの平均を `W` 個平均すると、`B` 個すべてのデータの平均になります。
 #
@@ -635,7 +635,7 @@ workdir.cleanup()  # the checkpoint and plot of this chapter's runs lived in a t
 # - DDP はデバイスごとに 1個のプロセスを動かします。各プロセスは自分の担当分のデータを読み込み（`DistributedSampler`。エポックごとに `set_epoch` を呼びます）、自分で損失を計算します。DDP は逆伝播が続いている間に、勾配をバケットごとのオールリデュースで平均します。
 # - 全体のバッチサイズをプロセスに割り振れば、DDP は 1個のプロセスでミニバッチ全体を使ったときと同じステップを計算します（バッチ正規化を含まないモデルの場合。GPU では `SyncBatchNorm` を使います）。
 # - `torchrun` はプロセスを起動し、`RANK`、`WORLD_SIZE`、`MASTER_ADDR`、`MASTER_PORT` を設定します。ノートブックからは `mparlib.launch.launch` が同じことを行います。ワーカー関数はインポートできるモジュール（`%%worker` のセル）に置きます。
-# - 表示、グラフ、チェックポイントの書き込みはランク 0 だけが行い、チェックポイントは不可分に書き込みます。`--resume` を指定すると、止まったところから訓練を続けます。
+# - 表示、グラフ、チェックポイントの書き込みはランク 0 だけが行い、チェックポイントはアトミックに書き込みます。`--resume` を指定すると、止まったところから訓練を続けます。
 # - 同じプログラムが複数台のマシンで動きます: `torchrun --nnodes=2 --rdzv-backend=c10d --rdzv-endpoint=...`
 #
 # ## 練習問題

@@ -16,11 +16,11 @@
 # - predict from these numbers when two devices are slower than one, and check the prediction,
 # - make a training hang on purpose, twice, and read the diagnosis that names the cause.
 # <!-- ja -->
-# # 8. 集団通信
+# # 8. 集合通信
 #
-# 6章では、DDP が勾配を「オールリデュース（all-reduce）で」平均すると述べただけで先へ進みました。この章ではその中身を開けます。分散訓練のプロセスどうしは、**集団通信**（collective）と呼ばれる少数の操作で会話します。集団通信はグループのすべてのプロセスがそろって呼び出す操作で、2個のプロセスの間で送る **1対1通信**（point-to-point）のメッセージの上に作られています。この章の内容はすべて `gloo` を使う CPU のプロセスで動き、GPU では `nccl` で動きます。この章では次のことを学びます。
+# 6章では、DDP が勾配を「オールリデュース（all-reduce）で」平均すると述べただけで先へ進みました。この章では、その中身を詳しく見ていきます。分散訓練のプロセスどうしは、**集合通信**（collective communication）と呼ばれる少数の決まった操作でやり取りします。集合通信はグループのすべてのプロセスがそろって呼び出す操作で、2個のプロセスの間で送る **1対1通信**（point-to-point）のメッセージの上に作られています。この章の内容はすべて `gloo` を使う CPU のプロセスで動き、GPU では `nccl` で動きます。この章では次のことを学びます。
 #
-# - 集団通信の語彙（`send`/`recv`、`broadcast`、`reduce`、`all_reduce`、`reduce_scatter`、`all_gather`、`all_to_all`）を 4個のプロセスで 1つずつ実行し、何がどこへ動くのかを確かめます。
+# - 通信の基本操作（`send`/`recv`、`broadcast`、`reduce`、`all_reduce`、`reduce_scatter`、`all_gather`、`all_to_all`）を 4個のプロセスで 1つずつ実行し、何がどこへ動くのかを確かめます。
 # - 送信と受信だけでリング・オールリデュースを作り、`dist.all_reduce` と一致することを確かめます。
 # - 手元のマシンでオールリデュースにかかる時間を測り、レイテンシ・帯域幅モデルを当てはめます。
 # - DDP の中を見ます。逆伝播と重なって進む勾配のバケット、送るバイト数を半分にする通信フック、`no_sync()` を使った勾配累積です。
@@ -86,34 +86,45 @@ print(describe(2))
 # version of PyTorch runs all of them on CPU tensors. The figure shows, for 4 ranks, whose data ends up where: each
 # rank starts with 4 chunks of its own (`r.j` is chunk `j` of rank `r`). It is drawn from
 # `collectives.collective_patterns(4)`, which `tests/test_collectives.py` checks against the real collectives.
+#
+# The table gives the names that this chapter's code calls. torch 2.13 renamed two of them: `reduce_scatter_tensor`
+# became `reduce_scatter_single` and `all_gather_into_tensor` became `all_gather_single`, and the old names now warn
+# that they are deprecated (a `FutureWarning`). torch 2.11 and older releases know only the old names, so the tour
+# below calls those, which every release has; the warning goes to the ranks' logs, which `echo=False` keeps out of the
+# notebook. Chapter 9's worker calls the new name where it exists and the old one otherwise.
 # <!-- ja -->
 # 最後の 2行は、この章のプロセスがどこで動くかを示しています。プロセスごとに GPU があるマシンでは `nccl` を使い、GPU 1枚につき 1個のプロセスを動かします。そうでなければ、プロセスは CPU 上で動き、`gloo` を通じて通信します。どちらの場合も、この章の検査対象の出力は同じです。
 #
-# ## 集団通信の語彙
+# ## 通信の基本操作
 #
-# **1対1通信**のメッセージでは、送り手と受け手がそれぞれ 1つだけです。ランク 0 が `dist.send(x, dst=1)` を呼び、ランク 1 が `dist.recv(buf, src=0)` を呼びます。`buf` は形と dtype が同じテンソルで、メッセージの中身がそこに書き込まれます。`isend` と `irecv` は同じメッセージを待たずに開始し、ハンドルを返します。ハンドルの `wait()` を呼ぶとメッセージが完了します。
+# **1対1通信**のメッセージでは、送り手と受け手がそれぞれ 1つだけです。ランク 0 が `dist.send(x, dst=1)` を呼び、ランク 1 が `dist.recv(buf, src=0)` を呼びます。`buf` は形状と dtype が同じテンソルで、メッセージの中身がそこに書き込まれます。`isend` と `irecv` は同じメッセージを待たずに開始し、ハンドルを返します。ハンドルの `wait()` を呼ぶとメッセージが完了します。
 #
-# **集団通信**は、グループのすべてのランクが、同じ順序で、形のそろったテンソルを渡して呼び出します。訓練で使うのは次の 6つです。
+# **集合通信**は、グループのすべてのランクが、同じ順序で、形状のそろったテンソルを渡して呼び出します。訓練で使うのは次の 6つです。
 #
-# | 集団通信 | 終わったあと各ランクが持っているもの | 使われる場面 |
+# | 集合通信 | 終わったあと各ランクが持っているもの | 使われる場面 |
 # |---|---|---|
 # | `broadcast(x, src)` | ランク `src` の `x` のコピー | DDP の開始時。ランク 0 のパラメータを全員に配る |
 # | `reduce(x, dst)` | ランク `dst` だけ: 全ランクの `x` の要素ごとの和 | 評価指標を 1つのランクで合計する |
 # | `all_reduce(x)` | 全ランクの `x` の和（すべてのランクで） | DDP の勾配の平均 |
 # | `reduce_scatter_tensor(out, x)` | ランク `r`: 和のチャンク `r` | FSDP / ZeRO。各ランクが勾配の担当分だけを持つ |
 # | `all_gather_into_tensor(out, x)` | 全ランクの `x` をランクの順に連結したもの | FSDP。分割されたパラメータから全体を組み立てる |
-# | `all_to_all_single(out, x)` | 全ランクの `x` のチャンク `r` をランクの順に並べたもの | 専門家混合（mixture of experts）の振り分け、テンソルの分け方の変更 |
+# | `all_to_all_single(out, x)` | 全ランクの `x` のチャンク `r` をランクの順に並べたもの | MoE（Mixture of Experts）の振り分け、テンソルの分け方の変更 |
 #
-# それぞれにリストを受け取る形もあります（`reduce_scatter`、`all_gather`、`all_to_all` はテンソルのリストを受け取ります）。このバージョンの PyTorch の gloo は、CPU のテンソルでそのすべてを実行できます。下の図は、4個のランクで、誰のデータがどこへ行くかを示しています。各ランクは最初に自分のチャンクを 4つ持っています（`r.j` はランク `r` のチャンク `j` です）。図は `collectives.collective_patterns(4)` から描いたもので、`tests/test_collectives.py` はこれを実際の集団通信と照らし合わせています。
+# それぞれにリストを受け取る形もあります（`reduce_scatter`、`all_gather`、`all_to_all` はテンソルのリストを受け取ります）。このバージョンの PyTorch の gloo は、CPU のテンソルでそのすべてを実行できます。下の図は、4個のランクで、誰のデータがどこへ行くかを示しています。各ランクは最初に自分のチャンクを 4つ持っています（`r.j` はランク `r` のチャンク `j` です）。図は `collectives.collective_patterns(4)` から描いたもので、`tests/test_collectives.py` はこれを実際の集合通信と照らし合わせています。
+#
+# 表の名前は、この章のコードが呼び出している名前です。torch 2.13 でこのうち 2つの名前が変わり、`reduce_scatter_tensor` は `reduce_scatter_single` に、`all_gather_into_tensor` は `all_gather_single` になりました。古い名前を使うと、非推奨であることを知らせる警告（`FutureWarning`）が出ます。torch 2.11 以前のリリースには古い名前しかないので、下の `tour` はどのリリースにもある古い名前を使います。警告はランクのログに出ますが、`echo=False` なのでノートブックには表示されません。9章のワーカーは、新しい名前があればそれを使い、なければ古い名前を使います。
 
 # %%
 display(Image(figure_png(collectives.collectives_figure(4))))
 
 # %% [markdown]
 # <!-- en -->
-# `reduce_scatter` and `all_gather` are each other's mirror image, and together they make an `all_reduce`: first
-# every rank collects the full sum of one chunk, then every rank collects all the finished chunks. The ring
-# all-reduce below is built exactly so.
+# `reduce_scatter` and `all_gather` are each other's mirror image, and together they make an `all_reduce`: after
+# `reduce_scatter_tensor` rank `r` holds the full sum of chunk `r`, and `all_gather_into_tensor` of those sums puts
+# every chunk, in rank order, on every rank. The ring all-reduce below has the same two phases, with a layout that
+# differs by one chunk: after its reduce-scatter, rank `r` holds the sum of chunk `r + 1` (modulo `k`), not of chunk
+# `r`. So the ring's first phase is not `dist.reduce_scatter_tensor`, and "all-reduce = reduce-scatter + all-gather"
+# holds for the ring only up to that rotation.
 #
 # Now the real thing. The worker below runs every word of the vocabulary on 4 processes. Rank `r` starts from
 # the tensor `[10r, 10r + 1, 10r + 2, 10r + 3]`, so the tens digit of a number tells whose it was. Every rank
@@ -121,9 +132,9 @@ display(Image(figure_png(collectives.collectives_figure(4))))
 # object) brings the records to rank 0, which returns them to the notebook. The same run also checks the ring
 # all-reduce of the next section, so that the 4 processes start only once.
 # <!-- ja -->
-# `reduce_scatter` と `all_gather` は互いに鏡に映した関係にあり、2つを続けると `all_reduce` になります。まず各ランクが 1つのチャンクについて全体の和を集め、次に各ランクが完成したチャンクをすべて集めます。あとで作るリング・オールリデュースは、まさにこの形をしています。
+# `reduce_scatter` と `all_gather` は互いに鏡に映した関係にあり、2つを続けると `all_reduce` になります。`reduce_scatter_tensor` のあと、ランク `r` はチャンク `r` の全体の和を持ちます。その和を `all_gather_into_tensor` で集めると、すべてのランクがすべてのチャンクをランクの順に持ちます。あとで作るリング・オールリデュースも同じ 2つの段階からなりますが、チャンクの配置が 1つずれます。リングのリデュース・スキャッター（reduce-scatter）が終わったとき、ランク `r` が持っているのは、チャンク `r` ではなくチャンク `r + 1`（`k` を法として）の和です。そのためリングの前半は `dist.reduce_scatter_tensor` と同じではなく、「オールリデュース = リデュース・スキャッター + オールギャザー」という関係も、リングではこのチャンク 1つ分の回転を除いて成り立つものです。
 #
-# では実際に動かします。次のワーカーは、語彙のすべてを 4個のプロセスで実行します。ランク `r` はテンソル `[10r, 10r + 1, 10r + 2, 10r + 3]` から始めるので、数の十の位を見れば誰のデータだったかがわかります。各ランクは呼び出しの前後で自分のテンソルを記録し、`all_gather_object`（pickle できる任意の Python オブジェクトを集める集団通信）で記録をランク 0 に集め、ランク 0 がそれをノートブックに返します。同じ実行で次の節のリング・オールリデュースも確かめて、4個のプロセスの起動を 1回で済ませます。
+# では実際に動かします。次のワーカーは、これらの基本操作をすべて 4個のプロセスで実行します。ランク `r` はテンソル `[10r, 10r + 1, 10r + 2, 10r + 3]` から始めるので、数の十の位を見れば誰のデータだったかがわかります。各ランクは呼び出しの前後で自分のテンソルを記録し、`all_gather_object`（pickle できる任意の Python オブジェクトを集める集合通信）で記録をランク 0 に集め、ランク 0 がそれをノートブックに返します。同じ実行で次の節のリング・オールリデュースも確かめて、4個のプロセスの起動を 1回で済ませます。
 
 # %%
 # %%worker tour_workers
@@ -262,7 +273,8 @@ print(tr("every collective did what its definition says", "すべての集団通
 #
 # 1. **Reduce-scatter**, `k - 1` steps. In step `s` (`s = 0, 1, ..., k - 2`), rank `r` sends chunk `r - s` to its right neighbour and adds
 #    the chunk `r - s - 1` that arrives from its left. A chunk travels round the ring collecting one more rank's
-#    contribution per step; after `k - 1` steps rank `r` holds the full sum of chunk `r + 1`.
+#    contribution per step; after `k - 1` steps rank `r` holds the full sum of chunk `r + 1`, one chunk further on
+#    than `dist.reduce_scatter_tensor`, which leaves chunk `r` on rank `r`.
 # 2. **All-gather**, `k - 1` steps. Each finished chunk travels round the ring once more, now replacing instead of
 #    adding, until every rank has all `k` sums.
 #
@@ -274,12 +286,12 @@ print(tr("every collective did what its definition says", "すべての集団通
 # <!-- ja -->
 # ## 送信と受信で作るリング・オールリデュース
 #
-# ライブラリは、大きなテンソルの和を `k` 個のランクでどうやって求めるのでしょうか。素朴な方法は、全員がすべてをランク 0 に送り、ランク 0 が足してから結果をブロードキャストする方法です。この方法では、ランク 0 の回線がテンソル `2(k-1)` 個分を運び、他の回線は遊んでしまいます。**リング・オールリデュース**は、すべての回線に少しずつ仕事をさせます。ランクは輪（リング）を作り（ランク `r` は `r + 1` に送り、`r - 1` から受け取ります。番号は `k` を法として数えます）、各テンソルを `k` 個のチャンクに切ります。
+# ライブラリは、大きなテンソルの和を `k` 個のランクでどうやって求めるのでしょうか。素朴な方法は、全員がすべてをランク 0 に送り、ランク 0 が足してから結果をブロードキャストする方法です。この方法では、ランク 0 のリンクがテンソル `2(k-1)` 個分を運び、他のリンクは遊んでしまいます。**リング・オールリデュース**は、すべてのリンクに少しずつ仕事をさせます。ランクは輪（リング）を作り（ランク `r` は `r + 1` に送り、`r - 1` から受け取ります。番号は `k` を法として数えます）、各テンソルを `k` 個のチャンクに切ります。
 #
-# 1. **リデュース・スキャッター（reduce-scatter）**、`k - 1` ステップ。ステップ `s`（`s = 0, 1, ..., k - 2`）で、ランク `r` はチャンク `r - s` を右隣に送り、左隣から届いたチャンク `r - s - 1` を自分のものに足します。チャンクは輪を回りながら、ステップごとに 1個のランクの分を集めていきます。`k - 1` ステップ後、ランク `r` はチャンク `r + 1` の全体の和を持っています。
+# 1. **リデュース・スキャッター（reduce-scatter）**、`k - 1` ステップ。ステップ `s`（`s = 0, 1, ..., k - 2`）で、ランク `r` はチャンク `r - s` を右隣に送り、左隣から届いたチャンク `r - s - 1` を自分のものに足します。チャンクは輪を回りながら、ステップごとに 1個のランクの分を集めていきます。`k - 1` ステップ後、ランク `r` はチャンク `r + 1` の全体の和を持っています。ランク `r` にチャンク `r` を残す `dist.reduce_scatter_tensor` より、チャンク 1つ分先です。
 # 2. **オールギャザー（all-gather）**、`k - 1` ステップ。完成したチャンクがもう一度輪を回ります。今度は足すのではなく置き換え、全ランクが `k` 個の和をすべて持つまで続けます。
 #
-# ステップは `2(k - 1)` 回で、各ステップで各ランクが送るのは `n / k` 要素です。各ランクが送る量は合計でテンソルの `2(k - 1) / k` 倍、つまりランクがいくつあってもテンソルのおよそ 2倍で、しかもすべての回線が同時に働きます。`mparlib.collectives` はチャンクの計算を `ring_schedule(n, k)` の 1か所にだけ書き（戻り値は `RingStep` のリストで、ステップごとに、各ランクが送るチャンクと受け取るチャンクを表します）、関数も図もそれに従います。10要素を 4個のランクで分けると、チャンクの大きさは 3、3、2、2 になります。
+# ステップは `2(k - 1)` 回で、各ステップで各ランクが送るのは `n / k` 要素です。各ランクが送る量は合計でテンソルの `2(k - 1) / k` 倍、つまりランクがいくつあってもテンソルのおよそ 2倍で、しかもすべてのリンクが同時に働きます。`mparlib.collectives` はチャンクの計算を `ring_schedule(n, k)` の 1か所にだけ書き（戻り値は `RingStep` のリストで、ステップごとに、各ランクが送るチャンクと受け取るチャンクを表します）、関数も図もそれに従います。10要素を 4個のランクで分けると、チャンクの大きさは 3、3、2、2 になります。
 
 # %%
 print(tr("chunks (start, stop):", "チャンク（start, stop）:"), collectives.chunk_bounds(10, 4))
@@ -306,12 +318,15 @@ display(Image(figure_png(collectives.ring_figure(4))))
 # would ever receive. `dist.batch_isend_irecv` posts both messages of a step together (with nccl, as one group), and
 # the rank waits for both before it adds. The received chunk lands in a separate buffer, `incoming`: in the
 # reduce-scatter phase it must be added to the rank's own copy of that chunk, not written over it. That buffer is
-# kept from one call to the next (`_receive_buffer`): memory that was never written costs the operating system a
-# page fault per page on its first write, and a receive into a fresh 32 MiB buffer took about twice as long as one
-# into a used buffer on a 2-core CPU. Finally, a chunk larger than `PIECE_BYTES` (4 MiB) travels as several
-# messages posted in the same step; on that CPU, eight messages of 4 MiB arrived sooner than one of 32 MiB.
+# kept from one call to the next (`_receive_buffer`): memory that was never written costs the operating system a page
+# fault per page on its first write, so a receive into a fresh buffer is expected to be slower than one into a used
+# buffer, which is why communication libraries keep their buffers too. Finally, a chunk larger than `PIECE_BYTES`
+# (4 MiB) travels as several messages posted in the same step. No cell of this chapter times these two choices: they
+# were made by timing the function on a 2-core CPU while it was written. The ring's times next to `dist.all_reduce`
+# are measured in the next section, and `benchmarks/collectives.py` saves them in
+# `benchmarks/results/collectives-*.json`.
 # <!-- ja -->
-# 関数の中身は次のとおりです。各ステップで、ランクは送信と受信を同時に行う必要があります。もし全ランクがまずブロッキングの `send` を呼ぶと、各ランクは、自分もまだ送信中の隣を待つことになり、メッセージが大きいと誰も受け取れなくなります。`dist.batch_isend_irecv` は 1ステップの 2つのメッセージをまとめて開始し（nccl では 1つのグループとして）、ランクは両方が終わるのを待ってから足し算をします。受け取ったチャンクは別のバッファ `incoming` に入れます。リデュース・スキャッターの段階では、受け取ったチャンクを自分の同じチャンクに足す必要があり、上書きしてはいけないからです。このバッファは呼び出しをまたいで使い回します（`_receive_buffer`）。一度も書き込まれていないメモリには、最初の書き込みのときにページごとにページフォールトが起きるので、CPU 2コアのマシンでは、新しく確保した 32 MiB のバッファへの受信に、使用済みのバッファへの受信のおよそ 2倍の時間がかかりました。最後に、`PIECE_BYTES`（4 MiB）より大きなチャンクは、同じステップの中でまとめて開始する複数のメッセージに分けて送ります。同じ CPU では、4 MiB のメッセージ 8個のほうが 32 MiB のメッセージ 1個より早く届きました。
+# 関数の中身は次のとおりです。各ステップで、ランクは送信と受信を同時に行う必要があります。もし全ランクがまずブロッキングの `send` を呼ぶと、各ランクは、自分もまだ送信中の隣を待つことになり、メッセージが大きいと誰も受け取れなくなります。`dist.batch_isend_irecv` は 1ステップの 2つのメッセージをまとめて開始し（nccl では 1つのグループとして）、ランクは両方が終わるのを待ってから足し算をします。受け取ったチャンクは別のバッファ `incoming` に入れます。リデュース・スキャッターの段階では、受け取ったチャンクを自分の同じチャンクに足す必要があり、上書きしてはいけないからです。このバッファは呼び出しをまたいで使い回します（`_receive_buffer`）。一度も書き込まれていないメモリには、最初の書き込みのときにページごとにページフォールトが起きるので、新しく確保したバッファへの受信は、使用済みのバッファへの受信より遅くなると考えられます。通信ライブラリがバッファを使い回すのも同じ理由です。最後に、`PIECE_BYTES`（4 MiB）より大きなチャンクは、同じステップの中でまとめて開始する複数のメッセージに分けて送ります。この 2つの工夫の効果を測るセルは、この章にはありません。どちらも、関数を書いたときに CPU 2コアのマシンで時間を測って決めたものです。リングと `dist.all_reduce` の時間は次の節で測ります。`benchmarks/collectives.py` はそれを `benchmarks/results/collectives-*.json` に保存しています。
 
 # %%
 print(inspect.getsource(collectives.ring_all_reduce))
@@ -324,7 +339,7 @@ print(inspect.getsource(collectives.ring_all_reduce))
 # bit for bit. Sums of random reals may differ in the last bits, since the ring adds in another order than the
 # backend; the check allows `2(k - 1)` units of rounding of the largest sum of magnitudes.
 # <!-- ja -->
-# 上の語彙の実行では、4個のランクそれぞれで、同じ入力に対して `ring_all_reduce` と `dist.all_reduce` も実行していました。要素数は 0、1、3（ランクの数より少ないので空のチャンクができます）、10（チャンクの大きさがそろいません）、1001 で、dtype は int64、整数を入れた float32、ランダムな実数を入れた float64 です。整数の和はどんな順序で足しても正確なので、ビット単位で一致するはずです。ランダムな実数の和は、リングがバックエンドと違う順序で足すため、最後の数ビットが異なることがあります。そこで、絶対値の和の最大値に対する丸め誤差の `2(k - 1)` 単位分までの差を許します。
+# 上の `tour` の実行では、4個のランクそれぞれで、同じ入力に対して `ring_all_reduce` と `dist.all_reduce` も実行していました。要素数は 0、1、3（ランクの数より少ないので空のチャンクができます）、10（チャンクの大きさがそろいません）、1001 で、dtype は int64、整数を入れた float32、ランダムな実数を入れた float64 です。整数の和はどんな順序で足しても正確なので、ビット単位で一致するはずです。ランダムな実数の和は、リングがバックエンドと違う順序で足すため、最後の数ビットが異なることがあります。そこで、絶対値の和の最大値に対する丸め誤差の `2(k - 1)` 単位分までの差を許します。
 
 # %%
 rows = [row for rank_rows in results["ring"]["rows"] for row in rank_rows]
@@ -344,7 +359,7 @@ assert all(exact) and all(close) and len(rows) == 4 * 15
 # tensor that is not contiguous) and a subgroup of the ranks, and checks each collective against the figure above;
 # on a machine with two GPUs or more it runs the ring with nccl.
 # <!-- ja -->
-# `tests/test_collectives.py` では、同じ比較を 1個から 4個のプロセスで、さらに多くの要素数、形（メモリ上で連続していないテンソルも含みます）、ランクの一部だけのグループについて行い、各集団通信が上の図のとおりに動くことも確かめています。GPU が 2枚以上あるマシンでは、リングを nccl で実行します。
+# `tests/test_collectives.py` では、同じ比較を 1個から 4個のプロセスで、さらに多くの要素数、形状（メモリ上で連続していないテンソルも含みます）、ランクの一部だけのグループについて行い、各集合通信が上の図のとおりに動くことも確かめています。GPU が 2枚以上あるマシンでは、リングを nccl で実行します。
 
 # %% [markdown]
 # <!-- en -->
@@ -375,7 +390,7 @@ assert all(exact) and all(close) and len(rows) == 4 * 15
 #
 # $$t(n) = \alpha + n \beta$$
 #
-# `k` 個のランクのリングでは、`2(k-1)` 回のステップのそれぞれで回線 1本分のレイテンシを払い、その回線で `n / k` バイトを運ぶので、`t = 2(k-1) α_link + 2(k-1)/k · n β_link` となります。測った時間からは、`nccl-tests` の慣習に従って 2つの帯域幅を求めます。利用者から見える**アルゴリズム帯域幅** `n / t` と、**バス帯域幅** `n / t · 2(k-1)/k` です。バス帯域幅は、メッセージが大きければランクの数によらず回線 1本の速さ `1 / β_link` に近づくので、マシンどうしやワールドサイズどうしを公平に比べられます。
+# `k` 個のランクのリングでは、`2(k-1)` 回のステップのそれぞれでリンク 1本分のレイテンシを払い、そのリンクで `n / k` バイトを運ぶので、`t = 2(k-1) α_link + 2(k-1)/k · n β_link` となります。測った時間からは、`nccl-tests` の慣習に従って 2つの帯域幅を求めます。利用者から見える**アルゴリズム帯域幅** `n / t` と、**バス帯域幅** `n / t · 2(k-1)/k` です。バス帯域幅は、メッセージが大きければランクの数によらずリンク 1本の速さ `1 / β_link` に近づくので、マシンどうしやワールドサイズどうしを公平に比べられます。
 #
 # 次のセルでは、2個のプロセスで `dist.all_reduce` と `ring_all_reduce` を、4 KiB からのメッセージについて測ります（`mparlib.collectives.bandwidth_worker`。各呼び出しを `time_collective` で計測します。各呼び出しの前にランクがバリアで待ち合わせ、デバイスの処理が終わった時点で時計を止め、いちばん遅いランクの時間をその呼び出しの時間とし、数回の中央値をとります）。そのあと、オールリデュースの時間に `α` と `β` を相対誤差の最小二乗法で当てはめます。相対誤差を使うので、4 KiB のメッセージも 64 MiB のメッセージも同じ重みで扱われます。`benchmarks/collectives.py` は同じことを 4 KiB から 256 MiB まで、2個と 4個のランクで行い、結果を保存します。表示される数値はお使いのマシンのものです。保存されている数値は、このノートブックを作成したマシンのものです。
 
@@ -426,21 +441,27 @@ assert 0 <= fit["alpha"] < 1 and 0 < fit["beta"] and math.isfinite(fit["bandwidt
 # between sizes, caches and buffers change at some sizes) or the machine was busy during that call; the table
 # shows how far off each size is.
 #
-# The ring from `send`/`recv` is usually slower than the backend's own all-reduce for small messages: each of its
-# `2(k-1)` steps starts separate messages from Python, so it pays the latency several times over. For large
-# messages the gap narrows, because then both are limited by the same bytes over the same links.
+# The ring from `send`/`recv` should be slower than the backend's own all-reduce for small messages: each of its
+# `2(k-1)` steps starts separate messages from Python, so it pays the latency several times over. On a busy machine a
+# single small size can come out the other way round, because one call that waits for a core takes milliseconds
+# longer; trust a small size only when a rerun agrees. For large messages the gap narrows, because then both are
+# limited by the same bytes over the same links.
 # `benchmarks/collectives.py` states two goals and records whether they were met: the ring within 2x of gloo's
 # all-reduce from 16 MiB on 2 ranks, and the model within 25% of the measurement from 64 KiB.
 #
-# For reference, the bus bandwidth of an all-reduce between the 8 GPUs of one H200 server peaks at about 482 GB/s
-# (Stas Bekman, *Machine Learning Engineering*); compare it with the plateau above. The model is the same; only `α`
-# and `β` change.
+# For scale: between the 8 GPUs of one H200 server, an all-reduce reaches a bus bandwidth of about 482 GB/s (Stas
+# Bekman, *Machine Learning Engineering*). That figure does not come from a ring. On such a node NCCL reduces inside
+# the NVLink switches (NVLS, NVLink SHARP): the switch adds up what the GPUs send and returns the sum, so the ring's
+# factor `2(k-1)/k` does not describe the traffic, as the book points out. The bus bandwidth, computed with that
+# factor by the nccl-tests convention, is then a figure for comparing how fast machines finish an all-reduce, not the
+# speed of a link. Set beside the plateau above, it shows how far apart the two machines are; the `α`-`β` model of one
+# message still applies there, with other values.
 # <!-- ja -->
 # グラフを左から右へ読んでください。小さなメッセージはほとんどレイテンシだけです。大きさを 2倍にしても時間はほとんど変わらないので、帯域幅は大きさに比例して伸びます。大きなメッセージはほとんど帯域幅だけで決まります。曲線は通信の仕組みが運べる量のところで平らになり、その高さ `1 / β` が、何メガバイトもある勾配にとって大事な数値です。当てはめたモデルが測定点から外れるのは、その大きさではモデルが単純すぎる（ライブラリはメッセージの大きさによってアルゴリズムを切り替えますし、キャッシュやバッファの効き方もある大きさで変わります）か、その呼び出しの間にマシンが忙しかったかのどちらかです。どれだけ外れたかは表で大きさごとに確かめられます。
 #
-# `send`/`recv` で作ったリングは、小さなメッセージではふつうバックエンド自身のオールリデュースより遅くなります。`2(k-1)` 回のステップのそれぞれで Python から別々のメッセージを開始するので、レイテンシを何回も払うからです。大きなメッセージでは差が縮まります。どちらも同じ回線で同じバイト数を運ぶことが限界になるからです。`benchmarks/collectives.py` には 2つの目標があり、達成したかどうかを記録します。ランク 2個で 16 MiB 以上のとき、リングが gloo のオールリデュースの 2倍以内の時間で終わること、そして 64 KiB 以上でモデルが測定値の 25% 以内に収まることです。
+# `send`/`recv` で作ったリングは、小さなメッセージではバックエンド自身のオールリデュースより遅くなるはずです。`2(k-1)` 回のステップのそれぞれで Python から別々のメッセージを開始するので、レイテンシを何回も払うからです。ただし忙しいマシンでは、コアを待った呼び出しが 1回あるだけで数ミリ秒長くなるので、小さな大きさでは逆の結果が出ることもあります。小さな大きさの結果は、実行し直しても同じになったときだけ信用してください。大きなメッセージでは差が縮まります。どちらも同じリンクで同じバイト数を運ぶことが限界になるからです。`benchmarks/collectives.py` には 2つの目標があり、達成したかどうかを記録します。ランク 2個で 16 MiB 以上のとき、リングが gloo のオールリデュースの 2倍以内の時間で終わること、そして 64 KiB 以上でモデルが測定値の 25% 以内に収まることです。
 #
-# 参考までに、H200 を 8枚積んだサーバー 1台の中でのオールリデュースのバス帯域幅は、最大でおよそ 482 GB/s です（Stas Bekman『Machine Learning Engineering』）。上のグラフの平らな部分と比べてみてください。モデルは同じで、変わるのは `α` と `β` だけです。
+# 規模の目安として、H200 を 8枚積んだサーバー 1台の中でのオールリデュースのバス帯域幅は、最大でおよそ 482 GB/s です（Stas Bekman『Machine Learning Engineering』）。ただし、これはリングの値ではありません。このようなノードでは、NCCL は NVLink スイッチの中で足し算をします（NVLS、NVLink SHARP）。GPU が送ったデータをスイッチが足し合わせて和を返すので、リングの係数 `2(k-1)/k` は実際の通信量を表しません。このことは同書も指摘しています。nccl-tests の慣習どおりにこの係数を掛けて求めたバス帯域幅は、マシンがオールリデュースをどれだけ速く終えるかを比べるための数値で、リンク 1本の速さではありません。上のグラフの曲線が平らになった部分と比べれば、2つのマシンの差がわかります。メッセージ 1つの `α`-`β` モデルは、値は違っても、そのまま当てはまります。
 
 # %% [markdown]
 # <!-- en -->
@@ -449,8 +470,10 @@ assert 0 <= fit["alpha"] < 1 and 0 < fit["beta"] and math.isfinite(fit["bandwidt
 # DDP calls an all-reduce on the gradients, but not on each gradient separately (hundreds of small messages, each
 # paying `α`) and not on all of them at once after the backward pass (one big message that waits for the slowest
 # gradient and overlaps nothing). It packs the gradients into **buckets** of about `bucket_cap_mb` megabytes (25 by
-# default), in the order in which the backward pass produces them, from the last layer to the first. When every
-# gradient of a bucket is ready, DDP starts that bucket's all-reduce asynchronously, and the backward pass carries
+# default), in the order in which the backward pass produces them, from the last layer to the first; when
+# `bucket_cap_mb` is not given, the first bucket is capped at `dist._DEFAULT_FIRST_BUCKET_BYTES` (1 MiB), so that
+# communication starts early. When every gradient of a bucket is ready, DDP starts that bucket's all-reduce
+# asynchronously, and the backward pass carries
 # on with the earlier layers meanwhile. What DDP does with a bucket is replaceable: a **communication hook**,
 # registered with `model.register_comm_hook(state, hook)`, receives each bucket (`bucket.buffer()` is one flat
 # tensor of its gradients) and returns a future of the averaged gradients.
@@ -461,17 +484,18 @@ assert 0 <= fit["alpha"] < 1 and 0 < fit["beta"] and math.isfinite(fit["bandwidt
 #
 # 1. a hook that does what DDP does by default, averaging with `all_reduce`, but writes down when each bucket's
 #    all-reduce starts and ends, next to `register_post_accumulate_grad_hook` on every parameter, which writes down
-#    when its gradient is complete; once with `bucket_cap_mb=1` and once with the default 25;
+#    when its gradient is complete; once with `bucket_cap_mb=1` and once with `bucket_cap_mb=25` (the default cap,
+#    passed explicitly);
 # 2. a hook that sends the gradients in bfloat16, compared with PyTorch's own `bf16_compress_hook`;
 # 3. gradient accumulation over 4 micro-batches with and without `no_sync()`.
 # <!-- ja -->
 # ## DDP の中
 #
-# DDP は勾配をオールリデュースしますが、勾配を 1つずつ送るわけではありません（小さなメッセージが何百個にもなり、それぞれが `α` を払います）。逆伝播がすべて終わってから一度に送るわけでもありません（いちばん遅い勾配を待つ 1つの大きなメッセージになり、何とも重なりません）。DDP は勾配を、逆伝播が作る順、つまり最後の層から最初の層への順に、およそ `bucket_cap_mb` メガバイト（既定値は 25）の**バケット**に詰めます。バケットの勾配がすべてそろうと、DDP はそのバケットのオールリデュースを非同期に始め、その間も逆伝播は手前の層の計算を続けます。DDP がバケットをどう扱うかは差し替えられます。`model.register_comm_hook(state, hook)` で登録した**通信フック**は、バケットを 1つずつ受け取り（`bucket.buffer()` はそのバケットの勾配を並べた 1本のテンソルです）、平均した勾配の future を返します。
+# DDP は勾配をオールリデュースしますが、勾配を 1つずつ送るわけではありません（小さなメッセージが何百個にもなり、それぞれが `α` を払います）。逆伝播がすべて終わってから一度に送るわけでもありません（いちばん遅い勾配を待つ 1つの大きなメッセージになり、何とも重なりません）。DDP は勾配を、逆伝播が作る順、つまり最後の層から最初の層への順に、およそ `bucket_cap_mb` メガバイト（既定値は 25）の**バケット**に詰めます。`bucket_cap_mb` を渡さなければ、通信を早く始めるために、最初のバケットだけは `dist._DEFAULT_FIRST_BUCKET_BYTES`（1 MiB）までに抑えます。バケットの勾配がすべてそろうと、DDP はそのバケットのオールリデュースを非同期に始め、その間も逆伝播は手前の層の計算を続けます。DDP がバケットをどう扱うかは差し替えられます。`model.register_comm_hook(state, hook)` で登録した**通信フック**は、バケットを 1つずつ受け取り（`bucket.buffer()` はそのバケットの勾配を並べた 1本のテンソルです）、平均した勾配の future を返します。
 #
 # 次のワーカーは、7層の `Linear` を積んだネットワーク（パラメータ 158万個、float32 の勾配で 6.3 MB）を使い、3つの実験で中をのぞきます。gloo を使う 2個の CPU プロセスで実行します。CPU なら、通信が実際に行われる時刻をホストの時計で測れるからです（GPU で同じことを調べるには CUDA のイベントか `torch.profiler` が必要です）。
 #
-# 1. DDP の既定の動作と同じく `all_reduce` で平均をとる一方で、各バケットのオールリデュースが始まった時刻と終わった時刻を記録するフックを使います。あわせて、すべてのパラメータに `register_post_accumulate_grad_hook` を付け、勾配が完成した時刻を記録します。`bucket_cap_mb=1` のときと既定値 25 のときの 2回行います。
+# 1. DDP の既定の動作と同じく `all_reduce` で平均をとる一方で、各バケットのオールリデュースが始まった時刻と終わった時刻を記録するフックを使います。あわせて、すべてのパラメータに `register_post_accumulate_grad_hook` を付け、勾配が完成した時刻を記録します。`bucket_cap_mb=1` のときと、既定値と同じ 25 を明示的に渡した `bucket_cap_mb=25` のときの 2回行います。
 # 2. 勾配を bfloat16 で送るフックを作り、PyTorch 自身の `bf16_compress_hook` と比べます。
 # 3. 4つのマイクロバッチにわたる勾配累積を、`no_sync()` を使う場合と使わない場合で比べます。
 
@@ -615,7 +639,7 @@ inside = launch(inside_ddp, 2, backend="gloo", echo=False, timeout=120)
 # The figure shows the second backward pass of each run (DDP re-forms its buckets after the first, in the order the
 # gradients arrived). Dots are gradients becoming complete, last layer first; bars are the buckets' all-reduces.
 # <!-- ja -->
-# ### バケットは逆伝播と重なる
+# ### 逆伝播と重なるバケット
 #
 # 図は、それぞれの実行の 2回目の逆伝播です（DDP は 1回目のあとで、勾配が届いた順にバケットを組み直します）。点は勾配が完成した時刻（最後の層から順に）、横棒は各バケットのオールリデュースです。
 
@@ -656,10 +680,14 @@ assert default["buckets"][0][2] >= max(t for _, t in default["grads"])  # one bu
 # %% [markdown]
 # <!-- en -->
 # With 1 MB buckets the first all-reduce starts while most of the backward pass is still to come, and the buckets
-# follow one another as the layers finish. With the default 25 MB this whole model fits in one bucket, which can
-# start only when the last gradient (that of the first layer) is complete: nothing overlaps. Smaller buckets are
-# not always better, since each pays the latency `α`; for a large model on fast links, the default is a good
-# compromise, and `bucket_cap_mb` is the knob to try when a profile shows communication waiting at the end of
+# follow one another as the layers finish. With `bucket_cap_mb=25`, passed explicitly as the worker does, this whole
+# model fits in one bucket, which can start only when the last gradient (that of the first layer) is complete: nothing
+# overlaps. DDP's real default behaves otherwise. Without the argument, the first bucket is capped at 1 MiB
+# (`dist._DEFAULT_FIRST_BUCKET_BYTES`) and only the others at 25 MB, so the last layers' gradients leave early in a
+# small bucket of their own and their all-reduce overlaps the rest of the backward pass; for this stack that makes
+# 2 buckets (exercise 5). Passing `bucket_cap_mb`, even the value 25, turns the small first bucket off. Smaller
+# buckets are not always better, since each pays the latency `α`; for a large model on fast links, the default is a
+# good compromise, and `bucket_cap_mb` is the knob to try when a profile shows communication waiting at the end of
 # backward.
 #
 # ### A communication hook: half the bytes
@@ -669,7 +697,7 @@ assert default["buckets"][0][2] >= max(t for _, t in default["grads"])  # one bu
 # `default_hooks.bf16_compress_hook` written out (its documentation asks for a recent nccl, but it runs with gloo
 # too), and the gradients of the two agree bit for bit:
 # <!-- ja -->
-# 1 MB のバケットでは、逆伝播の大部分がまだ残っているうちに最初のオールリデュースが始まり、層の計算が終わるのに合わせてバケットが次々に続きます。既定値の 25 MB では、このモデル全体が 1つのバケットに収まります。このバケットは最後の勾配（最初の層の勾配）が完成するまで始められないので、何も重なりません。バケットは小さければよいわけではありません。バケットごとにレイテンシ `α` を払うからです。大きなモデルを速い回線で訓練するなら既定値はよい妥協点です。プロファイルを見て、逆伝播の終わりに通信を待っている時間が目立つときに試すのが `bucket_cap_mb` です。
+# 1 MB のバケットでは、逆伝播の大部分がまだ残っているうちに最初のオールリデュースが始まり、層の計算が終わるのに合わせてバケットが次々に続きます。ワーカーのように `bucket_cap_mb=25` を明示的に渡すと、このモデル全体が 1つのバケットに収まります。このバケットは最後の勾配（最初の層の勾配）が完成するまで始められないので、何も重なりません。DDP の本当の既定の動作はこれとは違います。引数を渡さなければ、最初のバケットは 1 MiB（`dist._DEFAULT_FIRST_BUCKET_BYTES`）まで、残りのバケットだけが 25 MB までになります。そのため最後のほうの層の勾配は小さな専用のバケットで先に送られ、そのオールリデュースは逆伝播の残りと重なります。このネットワークでは、バケットは 2つになります（練習問題 5）。`bucket_cap_mb` を渡すと、値が 25 でも、この小さな最初のバケットはなくなります。バケットは小さければよいわけではありません。バケットごとにレイテンシ `α` を払うからです。大きなモデルを速いリンクで訓練するなら既定値はよい妥協点です。プロファイルを見て、逆伝播の終わりに通信を待っている時間が目立つときに試すのが `bucket_cap_mb` です。
 #
 # ### 通信フック: 送るバイト数を半分に
 #
@@ -710,7 +738,7 @@ assert 0 < c["median_relative_error"] < 2 ** -7 and 0 < c["max_error"] < 2 ** -6
 # data: one large batch per rank, 4 micro-batches with `no_sync()` for the first 3, and 4 micro-batches that each
 # all-reduce.
 # <!-- ja -->
-# 送るバイト数は半分になり、勾配と正確な平均との差は 1% に満たない程度、つまり有効数字 8ビットの bfloat16 の丸め誤差です。これが訓練に影響するかどうかは訓練曲線で確かめるべきことです（練習問題 3）。回線が遅く勾配が大きい場合には影響しないことが多く、ステップは速くなります。`torch.distributed.algorithms.ddp_comm_hooks` には、さらに踏み込んだフックもあります（PowerSGD は低ランク近似を送ります）。
+# 送るバイト数は半分になり、勾配と正確な平均との差は 1% に満たない程度、つまり有効数字 8ビットの bfloat16 の丸め誤差です。これが訓練に影響するかどうかは訓練曲線で確かめるべきことです（練習問題 3）。リンクが遅く勾配が大きい場合には影響しないことが多く、ステップは速くなります。`torch.distributed.algorithms.ddp_comm_hooks` には、さらに踏み込んだフックもあります（PowerSGD は低ランク近似を送ります）。
 #
 # ### 勾配累積と `no_sync()`
 #
@@ -737,7 +765,7 @@ assert all(r["ms"] > 0 and math.isfinite(r["ms"]) for r in acc.values())
 # cell twice before concluding. On slow links with large models, the ratio of the two times approaches the number
 # of micro-batches.
 # <!-- ja -->
-# 3つの方法はどれも、float32 の丸め誤差の範囲で同じ更新を行います。時間の違いは、`no_sync()` が省くオールリデュースの代償です。`no_sync()` を使わないと、パラメータの更新 1回あたりのオールリデュースが 1回ではなく 4回になります。どれだけ節約できるかは、お使いのマシンで勾配のオールリデュースがマイクロバッチ 1つの計算と比べてどれだけかかるかによります。また、マシンが忙しいと小さな差はぼやけるので、結論を出す前にセルを 2回実行してください。回線が遅くモデルが大きいほど、2つの時間の比はマイクロバッチの数に近づきます。
+# 3つの方法はどれも、float32 の丸め誤差の範囲で同じ更新を行います。時間の違いは、`no_sync()` が省くオールリデュースの代償です。`no_sync()` を使わないと、パラメータの更新 1回あたりのオールリデュースが 1回ではなく 4回になります。どれだけ節約できるかは、お使いのマシンで勾配のオールリデュースがマイクロバッチ 1つの計算と比べてどれだけかかるかによります。また、マシンが忙しいと小さな差はぼやけるので、結論を出す前にセルを 2回実行してください。リンクが遅くモデルが大きいほど、2つの時間の比はマイクロバッチの数に近づきます。
 
 # %% [markdown]
 # <!-- en -->
@@ -753,10 +781,11 @@ assert all(r["ms"] > 0 and math.isfinite(r["ms"]) for r in acc.values())
 # images or 800. Two devices are slower than one as soon as the all-reduce costs more than the share of the
 # computation that the second device takes over: small per-device batches, large models and slow links.
 #
-# The worker below measures this for the ResNet-18 step of chapter 6. Rank 0 first times the step on its own, as
-# one device with the whole global batch (and, for later, with half of it), while the other rank waits at a
-# barrier (a rank waiting in gloo uses no CPU time); then both ranks time DDP steps on half the batch each. The fitted `α` and `β`
-# from the bandwidth measurement turn the gradient bytes into a predicted communication time.
+# The worker below measures this for the ResNet-18 step of chapter 6. Rank 0 first times the step on its own, as one
+# device with the whole global batch (and, for later, with half of it), while the other rank waits at a barrier (a
+# rank that waits in gloo sleeps until the barrier's message arrives, so it should take almost no CPU time); then both
+# ranks time DDP steps on half the batch each. The fitted `α` and `β` from the bandwidth measurement turn the gradient
+# bytes into a predicted communication time.
 # <!-- ja -->
 # ## 2つのデバイスが 1つより遅くなるわけ
 #
@@ -764,9 +793,9 @@ assert all(r["ms"] > 0 and math.isfinite(r["ms"]) for r in acc.values())
 #
 # $$t_k \approx \frac{t_1(B)}{k} + \text{comm}(\text{bytes}, k), \qquad \text{comm}(n, k) = \alpha + n \beta$$
 #
-# 第 1項はデバイスを増やすほど小さくなりますが、第 2項は小さくなりません。バイト数はバッチではなく**モデル**で決まるからです。ResNet-18 のパラメータ 11,175,818個は、デバイスが計算する画像が 8枚でも 800枚でも、float32 の勾配で 44.7 MB になります。オールリデュースにかかる時間が、2つ目のデバイスが引き受ける分の計算時間を上回ると、2つのデバイスは 1つより遅くなります。デバイスあたりのバッチが小さいとき、モデルが大きいとき、回線が遅いときです。
+# 第 1項はデバイスを増やすほど小さくなりますが、第 2項は小さくなりません。バイト数はバッチではなく**モデル**で決まるからです。ResNet-18 のパラメータ 11,175,818個は、デバイスが計算する画像が 8枚でも 800枚でも、float32 の勾配で 44.7 MB になります。オールリデュースにかかる時間が、2つ目のデバイスが引き受ける分の計算時間を上回ると、2つのデバイスは 1つより遅くなります。デバイスあたりのバッチが小さいとき、モデルが大きいとき、リンクが遅いときです。
 #
-# 次のワーカーは、6章の ResNet-18 のステップについてこれを測ります。まずランク 0 が 1つのデバイスとして、全体のバッチで（あとで使うために、その半分でも）ステップの時間を単独で測ります。その間、もう一方のランクはバリアで待ちます（gloo で待っているランクは CPU の時間を使いません）。次に、両方のランクがバッチを半分ずつ受け持って DDP のステップの時間を測ります。帯域幅の測定で当てはめた `α` と `β` を使えば、勾配のバイト数から通信時間を予測できます。
+# 次のワーカーは、6章の ResNet-18 のステップについてこれを測ります。まずランク 0 が 1つのデバイスとして、全体のバッチで（あとで使うために、その半分でも）ステップの時間を単独で測ります。その間、もう一方のランクはバリアで待ちます（gloo で待っているランクはバリアのメッセージが届くまで眠っているので、CPU の時間はほとんど使わないはずです）。次に、両方のランクがバッチを半分ずつ受け持って DDP のステップの時間を測ります。帯域幅の測定で当てはめた `α` と `β` を使えば、勾配のバイト数から通信時間を予測できます。
 
 # %%
 # %%worker scaling_workers
@@ -878,13 +907,13 @@ assert all(v > 0 and math.isfinite(v) for v in (run["alone"], run["alone_share"]
 # computation that the second device saves. Exercise 2 puts it to the test. On GPUs the same reasoning explains the
 # usual advice: keep the per-device batch large, and the links fast, before adding devices.
 # <!-- ja -->
-# 実測の行と 2つの予測を比べてください。違いを決めるのは次の 3つの効果で、このマシンでどれが勝つかは数値が示しています。
+# 実測の行と 2つの予測を比べてください。違いを決めるのは次の 3つの効果で、このマシンでどれが強く効いているかは数値からわかります。
 #
-# - **ステップのすべてが `k` で割れるわけではありません。** モデル 1 は、バッチが半分なら時間も半分だと仮定しています。しかし、ステップの一部はバッチに依存しません。オプティマイザはおよそ 1,100万個のパラメータをすべて更新しますし、演算は大きさにかかわらず何百個も起動されますし、小さなバッチはプロセッサを効率よく使えません。この部分は、どのランクも丸ごと払います。モデル 2 は、半分のバッチの計算時間を仮定せずに実測するので、ふつうはこちらのほうが実測に近くなります。`t1(B / 2)` が `t1(B)` の半分よりずっと長いなら、ステップの大部分はこの固定の部分で、デバイスを増やしてもあまり効果はありません。
+# - **ステップのすべてが `k` で割れるわけではありません。** モデル 1 は、バッチが半分なら時間も半分だと仮定しています。しかし、ステップの一部はバッチに依存しません。オプティマイザはおよそ 1,100万個のパラメータをすべて更新し、演算は大きさにかかわらず何百個も起動され、小さなバッチではプロセッサを効率よく使えません。この部分は、どのランクも丸ごと払います。モデル 2 は、半分のバッチの計算時間を仮定せずに実測するので、ふつうはこちらのほうが実測に近くなります。`t1(B / 2)` が `t1(B)` の半分よりずっと長いなら、ステップの大部分はこの固定の部分で、デバイスを増やしてもあまり効果はありません。
 # - **重なりが通信を隠します。** DDP は逆伝播の最中にバケットのオールリデュースを始めます（前の節）。実測がモデル 2 を**下回る**なら、通信の一部が計算と同時に進んだということです。
-# - **デバイスはマシンを共有しています。** CPU のプロセスはメモリ帯域幅やキャッシュを共有し、gloo のスレッドも CPU の時間を必要とし、その分は計算から差し引かれます。マシンで他に動いているものも、それぞれの取り分を持っていきます。GPU は PCIe や NVLink の回線とホストを共有します。実測がモデル 2 を**上回る**なら、モデルが数えていない何かに時間をとられたということです。テンソルを 1つずつ送るだけで計算をしない帯域幅の測定には、それは見えません。
+# - **デバイスはマシンを共有しています。** CPU のプロセスはメモリ帯域幅やキャッシュを共有し、gloo のスレッドも CPU の時間を必要とし、その分は計算から差し引かれます。マシンで他に動いているものも、それぞれの取り分を持っていきます。GPU は PCIe や NVLink のリンクとホストを共有します。実測がモデル 2 を**上回る**なら、モデルが数えていない何かに時間をとられたということです。テンソルを 1つずつ送るだけで計算をしない帯域幅の測定には、それは見えません。
 #
-# 最後の行は、モデル 2 を逆向きに使ったものです。全体のバッチサイズがこの値より小さいと、オールリデュースにかかる時間が、2つ目のデバイスによって節約できる計算時間を上回ります。練習問題 2 でこれを確かめます。GPU でも同じ考え方から、いつもの助言が出てきます。デバイスを増やす前に、デバイスあたりのバッチを大きく保ち、回線を速くすることです。
+# 最後の行は、モデル 2 を逆向きに使ったものです。全体のバッチサイズがこの値より小さいと、オールリデュースにかかる時間が、2つ目のデバイスによって節約できる計算時間を上回ります。練習問題 2 でこれを確かめます。GPU でも同じ考え方から、いつもの助言が出てきます。デバイスを増やす前に、デバイスあたりのバッチを大きく保ち、リンクを速くすることです。
 
 # %% [markdown]
 # <!-- en -->
@@ -915,15 +944,15 @@ assert all(v > 0 and math.isfinite(v) for v in (run["alone"], run["alone_share"]
 # <!-- ja -->
 # ## 診断できるハング
 #
-# 集団通信は、グループのすべてのランクが呼び出したときに初めて終わります。呼び出さないランクが 1つでもあると、他のランクは待ち続けます。既定では gloo で 30分、nccl で 10分（プロセスグループのタイムアウト）待ってから、待ったということしか言わないメッセージで失敗します。ランクがそれぞれ違う形のテンソルで集団通信を呼び出すと、メッセージがかみ合わず、わかりにくいエラーで失敗するか、もっと悪い場合はデータが混ざってしまいます。どちらも、1つの規則が破られたことが原因です。
+# 集合通信は、グループのすべてのランクが呼び出したときに初めて終わります。呼び出さないランクが 1つでもあると、他のランクは待ち続けます。既定では gloo で 30分、nccl で 10分（プロセスグループのタイムアウト）待ってから、待ったということしか言わないメッセージで失敗します。ランクがそれぞれ違う形状のテンソルで集合通信を呼び出すと、メッセージがかみ合わず、わかりにくいエラーで失敗するか、もっと悪い場合はデータが混ざってしまいます。どちらも、1つの規則が破られたことが原因です。
 #
-# > **すべてのランクが、同じ集団通信を、同じ順序で、同じ形と dtype で呼び出すこと。**
+# > **すべてのランクが、同じ集合通信を、同じ順序で、同じ形状と dtype で呼び出すこと。**
 #
-# この規則は簡単に破れます。ランクによって回数の違うループ（データの偏り、途中の `break`）、`if rank == 0:` の中の集団通信、ランクによって大きさが変わるテンソルなどです。ハングを診断に変える道具が 3つあります。
+# この規則は簡単に破れます。ランクによって回数の違うループ（データの偏り、途中の `break`）、`if rank == 0:` の中の集合通信、ランクによって大きさが変わるテンソルなどです。ハングを診断に変える道具が 3つあります。
 #
 # - **タイムアウト**: 待つことに終わりを設けます。`init_process_group(..., timeout=timedelta(seconds=...))` で指定し、`launch(..., timeout=...)` はこれを渡します。
 # - `dist.monitored_barrier(timeout=...)`（gloo）: ランク 0 が他のすべてのランクを 1つずつ名前で待ち、来なかったランクを報告するバリアです。
-# - すべてのプロセスの環境変数 `TORCH_DISTRIBUTED_DEBUG=DETAIL`: 集団通信の前に、これから呼び出すもの（操作、形、dtype）をランクどうしで照らし合わせ、違いがあればそれを名指ししてすぐに失敗します。
+# - すべてのプロセスの環境変数 `TORCH_DISTRIBUTED_DEBUG=DETAIL`: 集合通信の前に、これから呼び出すもの（操作、形状、dtype）をランクどうしで照らし合わせ、違いがあればそれを名指ししてすぐに失敗します。
 #
 # まずはランクによって回数の違うループです。ランク 0 にはバッチが 3つ、ランク 1 には 4つあり（データセットを補わずに分けたときのように）、各ステップでオールリデュースを行い、エポックの終わりに monitored barrier で待ち合わせます。ランク 1 の 4回目のオールリデュースには相手がいません。どのマシンでも、これらのセルはランクを CPU 上の gloo で動かします（`monitored_barrier` は gloo の機能です）。規則は nccl でも同じで、メッセージが違うだけです。
 
@@ -1003,7 +1032,7 @@ assert "Rank 1 failed to pass monitoredBarrier" in uneven[0]
 # <!-- ja -->
 # ランク 0 は 3ステップのあとバリアに着き、ランク 1 を 5秒待ってから、その名前を挙げました。ランク 1 はバリアを通過できませんでした。まだ 4回目のオールリデュースの中にいるからです。ランク 1 が異常を知るのは、ランク 0 があきらめて接続を閉じたときです。実際の訓練では、このバリアをエポックの終わりや評価の前に置きます。表示された名前が、どこを調べればよいかを教えてくれます。直し方は規則のとおりです。6章の `DistributedSampler` はデータを補って、どのランクも同じ回数だけステップを進めるようにします（`drop_last=True` なら余りを捨てます）。データの偏りが避けられないときは、DDP の `model.join()` コンテキストマネージャを使うと、バッチの少ないランクが他のランクのオールリデュースに付き合ってくれます。
 #
-# 次は形の合わないテンソルです。今度は `TORCH_DISTRIBUTED_DEBUG=DETAIL` を使います。この変数は、プロセスがグループに参加する時点でそのプロセスの環境になければなりません。そこで、次のセルはノートブックの環境に設定し（新しいプロセスはそれを受け継ぎます）、終わったら元に戻します。
+# 次は形状の合わないテンソルです。今度は `TORCH_DISTRIBUTED_DEBUG=DETAIL` を使います。この変数は、プロセスがグループに参加する時点でそのプロセスの環境になければなりません。そこで、次のセルはノートブックの環境に設定し（新しいプロセスはそれを受け継ぎます）、終わったら元に戻します。
 
 # %% tags=["nbval-ignore-output"]
 previous = os.environ.get("TORCH_DISTRIBUTED_DEBUG")
@@ -1032,7 +1061,7 @@ assert any("Detected mismatch between collectives" in line and "TensorShape=[4]"
 # should meet; rerun with `TORCH_DISTRIBUTED_DEBUG=DETAIL`; and read every rank's log, not only rank 0's
 # (`launch(..., log_dir=...)` keeps them).
 # <!-- ja -->
-# どちらのランクも両方の側を名指ししています。自分がどの集団通信をどの形で実行しているか（`TensorShape=[4]` と `[3]`）と、相手のランクが何を実行しているかです。`DETAIL` は集団通信のたびに追加のやり取りをするので、バグを探すときにだけ有効にし、ふだんの訓練では使わないでください。これがないと、gloo には相手が何をするつもりだったのかを知る方法がありません。各ランクは思いがけない大きさのメッセージを受け取り、そのあとどうなるかはバックエンドと大きさによって変わります（練習問題 4）。
+# どちらのランクも両方の側を名指ししています。自分がどの集合通信をどの形状で実行しているか（`TensorShape=[4]` と `[3]`）と、相手のランクが何を実行しているかです。`DETAIL` は集合通信のたびに追加のやり取りをするので、バグを探すときにだけ有効にし、ふだんの訓練では使わないでください。これがないと、gloo には相手が何をするつもりだったのかを知る方法がありません。各ランクは思いがけない大きさのメッセージを受け取り、そのあとどうなるかはバックエンドと大きさによって変わります（練習問題 4）。
 #
 # 訓練がハングしたときの確認事項は次のとおりです。待ってもよい長さのタイムアウトを設定すること、すべてのランクがそろうべき場所に `monitored_barrier` を置くこと、`TORCH_DISTRIBUTED_DEBUG=DETAIL` を付けて実行し直すこと、そしてランク 0 だけでなくすべてのランクのログを読むことです（`launch(..., log_dir=...)` でログを残せます）。
 
@@ -1042,14 +1071,16 @@ assert any("Detected mismatch between collectives" in line and "TensorShape=[4]"
 #
 # - Point-to-point messages (`send`/`recv`, `isend`/`irecv`) connect two ranks; collectives (`broadcast`,
 #   `reduce`, `all_reduce`, `reduce_scatter`, `all_gather`, `all_to_all`) are called by every rank of a group. An
-#   all-reduce is a reduce-scatter followed by an all-gather.
+#   all-reduce is a reduce-scatter followed by an all-gather; the ring's own reduce-scatter leaves chunk `r + 1` on
+#   rank `r` instead of chunk `r`, so for the ring this holds up to a rotation by one chunk.
 # - The ring all-reduce needs `2(k-1)` steps of `n / k` elements each; every rank sends about twice the tensor,
 #   whatever the number of ranks. `mparlib.collectives.ring_all_reduce`, built from sends and receives alone, equals
 #   `dist.all_reduce` exactly on integers and to rounding on reals.
 # - A message costs `α + n β`; bus bandwidth (`n / t · 2(k-1)/k`) compares all-reduces across world sizes. Small
 #   messages pay latency, large ones bandwidth.
-# - DDP all-reduces the gradients in buckets (`bucket_cap_mb`) that start during the backward pass; a communication
-#   hook decides what is sent (bfloat16: half the bytes, gradients within bfloat16's rounding); `no_sync()`
+# - DDP all-reduces the gradients in buckets (`bucket_cap_mb`) that can start during the backward pass (by default the
+#   first bucket is small, so that they do; one bucket for the whole model overlaps nothing); a communication hook
+#   decides what is sent (bfloat16: half the bytes, gradients within bfloat16's rounding); `no_sync()`
 #   accumulates micro-batches with one all-reduce per optimizer step and the same update.
 # - A step on `k` devices costs about the computation of `B / k` examples plus an all-reduce of the model's
 #   gradients; when the all-reduce costs more than the computation saved, more devices are slower.
@@ -1069,19 +1100,23 @@ assert any("Detected mismatch between collectives" in line and "TensorShape=[4]"
 #    take, and what do the two ranks' lines say? Then make `uneven_epoch` correct by making every rank run the
 #    smallest number of steps: `n = torch.tensor([steps_of[rank]]); dist.all_reduce(n, op=dist.ReduceOp.MIN)`,
 #    then loop over `range(n.item())`.
+# 5. Count the buckets of DDP's real default: `from ddp_inside import bucket_timeline`, then
+#    `launch(bucket_timeline, 2, args=(None,), backend="gloo")` (`bucket_cap_mb=None` is what DDP gets when nothing is
+#    passed). How many buckets are there, and does the first all-reduce start before the last gradient is ready?
 # <!-- ja -->
 # ## まとめ
 #
-# - 1対1通信（`send`/`recv`、`isend`/`irecv`）は 2つのランクをつなぎます。集団通信（`broadcast`、`reduce`、`all_reduce`、`reduce_scatter`、`all_gather`、`all_to_all`）はグループのすべてのランクが呼び出します。オールリデュースは、リデュース・スキャッターのあとにオールギャザーを続けたものです。
+# - 1対1通信（`send`/`recv`、`isend`/`irecv`）は 2つのランクをつなぎます。集合通信（`broadcast`、`reduce`、`all_reduce`、`reduce_scatter`、`all_gather`、`all_to_all`）はグループのすべてのランクが呼び出します。オールリデュースは、リデュース・スキャッターのあとにオールギャザーを続けたものです。リング自身のリデュース・スキャッターはランク `r` にチャンク `r` ではなくチャンク `r + 1` を残すので、リングではチャンク 1つ分の回転を除いて成り立つ関係です。
 # - リング・オールリデュースは、`n / k` 要素ずつのステップを `2(k-1)` 回行います。各ランクが送る量は、ランクの数によらずテンソルのおよそ 2倍です。送信と受信だけで作った `mparlib.collectives.ring_all_reduce` は、整数では `dist.all_reduce` と正確に一致し、実数では丸め誤差の範囲で一致します。
 # - メッセージにかかる時間は `α + n β` です。バス帯域幅（`n / t · 2(k-1)/k`）を使えば、ワールドサイズの違うオールリデュースどうしを比べられます。小さなメッセージはレイテンシで、大きなメッセージは帯域幅で時間が決まります。
-# - DDP は勾配をバケット（`bucket_cap_mb`）ごとにオールリデュースし、それは逆伝播の最中に始まります。通信フックで送るものを決められます（bfloat16 ならバイト数は半分で、勾配の違いは bfloat16 の丸め誤差の範囲です）。`no_sync()` を使うと、マイクロバッチの勾配を累積して、パラメータの更新 1回につきオールリデュース 1回で、同じ更新を行えます。
+# - DDP は勾配をバケット（`bucket_cap_mb`）ごとにオールリデュースし、それは逆伝播の最中に始められます（既定では最初のバケットが小さいので、実際に始まります。モデル全体が 1つのバケットに入ると何も重なりません）。通信フックで送るものを決められます（bfloat16 ならバイト数は半分で、勾配の違いは bfloat16 の丸め誤差の範囲です）。`no_sync()` を使うと、マイクロバッチの勾配を累積して、パラメータの更新 1回につきオールリデュース 1回で、同じ更新を行えます。
 # - `k` 個のデバイスでの 1ステップには、おおよそ `B / k` 個のデータの計算と、モデルの勾配のオールリデュースの時間がかかります。オールリデュースが、節約できる計算時間より長くかかるなら、デバイスを増やすと遅くなります。
-# - すべてのランクが、同じ集団通信を、同じ順序で、同じ形で呼び出さなければなりません。タイムアウト、`monitored_barrier`、`TORCH_DISTRIBUTED_DEBUG=DETAIL` を使えば、ハングを、ランクと違いを名指しするメッセージに変えられます。
+# - すべてのランクが、同じ集合通信を、同じ順序で、同じ形状で呼び出さなければなりません。タイムアウト、`monitored_barrier`、`TORCH_DISTRIBUTED_DEBUG=DETAIL` を使えば、ハングを、ランクと違いを名指しするメッセージに変えられます。
 #
 # ## 練習問題
 #
-# 1. `all_to_all_single` と `reduce_scatter_tensor` が何を表示するかを予想してから、語彙の実行を 3個のプロセス（`launch(tour, 3)`）で行ってください（リングのセルの最後の assert は 4個のランクを前提にしているので、外してください）。
+# 1. `all_to_all_single` と `reduce_scatter_tensor` が何を表示するかを予想してから、`tour` を 3個のプロセスで実行してください（`launch(tour, 3)`。リングのセルの最後の assert は 4個のランクを前提にしているので、外してください）。
 # 2. スケーリングのセルが表示した損益分岐の全体のバッチサイズと、その半分と 2倍（偶数にしてください）で、`one_vs_many` を実行し直してください。モデルが予測したところで、2個のプロセスは 1個より遅くなるでしょうか。
 # 3. `ddp_inside` のセルの `stack()` を、固定したランダムなバッチで 100ステップ訓練して損失を返すワーカーを書いてください。`model.register_comm_hook(None, default_hooks.bf16_compress_hook)` を付けた場合と付けない場合で実行し、2つの曲線に違いがあるかを調べてください。
 # 4. `TORCH_DISTRIBUTED_DEBUG` を設定せずに `hang(mismatched_shapes)` を実行してください。実行はどのように終わり、どれだけ時間がかかり、2つのランクの行には何と表示されるでしょうか。次に、すべてのランクがいちばん少ないステップ数だけ進むようにして、`uneven_epoch` を正しく直してください: `n = torch.tensor([steps_of[rank]]); dist.all_reduce(n, op=dist.ReduceOp.MIN)` のあとで `range(n.item())` についてループします。
+# 5. DDP の本当の既定の動作でバケットを数えてください。`from ddp_inside import bucket_timeline` のあとで `launch(bucket_timeline, 2, args=(None,), backend="gloo")` を実行します（`bucket_cap_mb=None` は、何も渡さないときの DDP の値です）。バケットはいくつになり、最初のオールリデュースは最後の勾配が完成する前に始まるでしょうか。

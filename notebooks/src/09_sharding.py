@@ -7,8 +7,8 @@
 # parameter, so a 7-billion-parameter model needs 112 GB on each device before a single activation is stored,
 # more than any one GPU holds. Adding devices does not help: each one holds the same 112 GB.
 #
-# **Sharding** cuts these copies into N pieces, one per rank, and fetches a missing piece by communication at
-# the moment it is needed. This is ZeRO (the Zero Redundancy Optimizer of DeepSpeed) and PyTorch's FSDP (Fully
+# **Sharding** cuts these copies into N pieces, one per rank, and fetches a missing piece by communication just
+# before it is needed. This is ZeRO (the Zero Redundancy Optimizer of DeepSpeed) and PyTorch's FSDP (Fully
 # Sharded Data Parallel). The model is the chapter's small Vision Transformer on Fashion-MNIST, whose transformer
 # blocks are the units that FSDP shards; everything runs on CPU processes with `gloo`, and with `nccl` on GPUs.
 # In this chapter you will
@@ -23,14 +23,14 @@
 #   half-way to see that nothing is lost,
 # - decide which of DDP, ZeRO-1/2/3 and FSDP to use, from the numbers measured here.
 # <!-- ja -->
-# # 9. シャーディング: モデルが 1台に収まらなくなったら
+# # 9. シャーディング: デバイス 1つに収まらなくなったモデル
 #
 # 6章と 8章で作ったデータ並列は、すべてのデバイスにすべての**完全なコピー**を持たせます。パラメータ、その勾配、そしてオプティマイザの状態です。float32 で Adam を使って訓練すると、パラメータ 1つあたり 16バイトかかります。70億パラメータのモデルなら、活性化を 1つも保存しないうちから、各デバイスに 112 GB が必要です。これはどの GPU 1枚の容量も超えています。デバイスを増やしても解決しません。どのデバイスも同じ 112 GB を抱えるからです。
 #
-# **シャーディング**は、このコピーを N 個に切り分けてランクごとに 1片ずつ持たせ、足りない部分は必要になった時点で通信によって取り寄せます。これが ZeRO（DeepSpeed の Zero Redundancy Optimizer）と PyTorch の FSDP（Fully Sharded Data Parallel）です。モデルはこの章用の小さな Vision Transformer で、Fashion-MNIST を学習します。その Transformer ブロックが、FSDP がシャーディングする単位になります。すべて `gloo` を使う CPU のプロセスで動き、GPU では `nccl` で動きます。この章では次のことを学びます。
+# **シャーディング**は、このコピーを N 個に切り分けてランクごとに 1片ずつ持たせ、足りない部分は必要になる直前に通信で取り寄せます。これが ZeRO（DeepSpeed の Zero Redundancy Optimizer）と PyTorch の FSDP（Fully Sharded Data Parallel）です。モデルはこの章用の小さな Vision Transformer で、Fashion-MNIST を学習します。その Transformer ブロックが、FSDP がシャーディングする単位になります。すべて `gloo` を使う CPU のプロセスで動き、GPU では `nccl` で動きます。この章では次のことを学びます。
 #
 # - 訓練のメモリがどこに使われるのかを、公表されているモデルの大きさとこの章のモデルについて、バイト単位で数えます。
-# - 8章の集団通信から ZeRO を作ります（勾配をリデュース・スキャッター（reduce-scatter）し、1片だけを更新し、パラメータをオールギャザー（all-gather）します）。DDP とまったく同じ計算になることを証明し、PyTorch の ZeRO-1 と並べて測ります。
+# - 8章の集合通信から ZeRO を作ります（勾配をリデュース・スキャッター（reduce-scatter）し、1片だけを更新し、パラメータをオールギャザー（all-gather）します）。DDP とまったく同じ計算になることを証明し、PyTorch の ZeRO-1 と並べて測ります。
 # - FSDP2 の `fully_shard` でモデルを 1個、2個、4個のプロセスにシャーディングし、各ランクが持つもの、送るもの、混合精度で変わることを測ります。さらに、1個のプロセスとまったく同じように訓練が進むことを確かめます。
 # - 活性化の再計算（activation checkpointing）で、計算と引き換えに活性化のメモリを減らします。
 # - シャーディングしたチェックポイントを 2個のランクから保存し、4個のランクと 1個のプロセスに読み込みます。保存を途中で強制終了しても、何も失われないことも確かめます。
@@ -105,7 +105,7 @@ def col(text, width, right=False):
 # does `mparlib.sharding.bytes_per_parameter`. **Activations** (the outputs that the backward pass needs) come on
 # top and depend on the batch, not on the number of parameters; section 4 is about them.
 # <!-- ja -->
-# ## メモリはどこに使われるのか
+# ## メモリの内訳
 #
 # 訓練では、モデルが何であれ、パラメータ 1つにつき 3つのものを持ちます。
 #
@@ -133,7 +133,7 @@ for precision, optimizer in [("fp32", "sgd"), ("fp32", "momentum"), ("fp32", "ad
 # cell computes them and checks them against the Playbook's, then shows what the ZeRO stages leave on each of 8
 # ranks for the 7B model.
 # <!-- ja -->
-# Adam を使う場合、fp32 でも混合精度でも 16バイトになります。混合精度で節約できるのは計算と活性化のメモリで、パラメータ 1つあたりのメモリではありません。勾配の累積用に fp32 のコピーも持つと（`mixed_fp32_grads`）20バイトになります。Hugging Face の Ultra-Scale Playbook は、公表されているモデルの大きさについてまさにこの数値を表にしています。次のセルでその値を計算して Playbook の数値と照らし合わせ、さらに 7B のモデルを 8個のランクで訓練するとき、ZeRO の各ステージで 1個のランクに何が残るかを示します。
+# Adam を使う場合、fp32 でも混合精度でも 16バイトになります。混合精度で節約できるのは計算と活性化のメモリで、パラメータ 1つあたりのメモリではありません。勾配の累積用に fp32 のコピーも持つと（`mixed_fp32_grads`）20バイトになります。Hugging Face の『Ultra-Scale Playbook』は、公表されているモデルの大きさについてまさにこの数値を表にしています。次のセルでその値を計算して Playbook の数値と照らし合わせ、さらに 7B のモデルを 8個のランクで訓練するとき、ZeRO の各ステージで 1個のランクに何が残るかを示します。
 
 # %%
 playbook = {"1B": (16, 20), "7B": (112, 140), "70B": (1120, 1400)}  # GB, Ultra-Scale Playbook (1 GB = 1e9 bytes)
@@ -156,9 +156,12 @@ for stage, label in enumerate(["DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3 / FSDP"]):
 
 # %% [markdown]
 # <!-- en -->
-# ZeRO-1 shards only the optimizer state and already cuts the 112 GB to 38.5 GB per rank; ZeRO-3 shards everything
-# and leaves 1/8, 14 GB. The Playbook shows the same stages for an 8B model on 8 ranks (optimizer state 60 GB to
-# 7.5 GB with ZeRO-1, gradients 15 GB to 1.875 GB with ZeRO-2, parameters 15 GB to 1.875 GB with ZeRO-3).
+# ZeRO-1 shards only the optimizer state and already cuts the 112 GB to 38.5 GB per rank; ZeRO-3 shards everything and
+# leaves 1/8, 14 GB. The Playbook also has an interactive figure of the same stages for an 8B model on 8 ranks, but
+# its numbers do not follow the Playbook's own text: it shows 60 GB of optimizer state (7.5 GB with ZeRO-1) and 15 GB
+# each of gradients and parameters (1.875 GB with ZeRO-2 and ZeRO-3 respectively), while 12 bytes of optimizer state
+# per parameter make about 96 GB for 8 billion parameters; 60 GB is 8e9 x 8 bytes, counted in GiB. This chapter
+# follows the text, 16 bytes per parameter, which the cell above checks.
 #
 # Now our own model. `vit("smoke", patch=7)` from `mparlib.vit` builds a `ViT` from a `ViTConfig`: the 28x28 image
 # is cut into 16 patches of 7x7 pixels, each becomes a token of width 64, and 4 `Block`s mix the tokens (each a
@@ -168,9 +171,9 @@ for stage, label in enumerate(["DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3 / FSDP"]):
 # `sharding.held_bytes` adds up the storage behind the parameters, the gradients and every tensor in the
 # optimizer's state.
 # <!-- ja -->
-# ZeRO-1 はオプティマイザの状態だけをシャーディングしますが、それだけで 1ランクあたり 112 GB が 38.5 GB に減ります。ZeRO-3 はすべてをシャーディングし、1/8 の 14 GB だけが残ります。Playbook は 8B のモデルを 8個のランクで訓練する例で同じステージを示しています（オプティマイザの状態は ZeRO-1 で 60 GB から 7.5 GB に、勾配は ZeRO-2 で 15 GB から 1.875 GB に、パラメータは ZeRO-3 で 15 GB から 1.875 GB になります）。
+# ZeRO-1 はオプティマイザの状態だけをシャーディングしますが、それだけで 1ランクあたり 112 GB が 38.5 GB に減ります。ZeRO-3 はすべてをシャーディングし、1/8 の 14 GB だけが残ります。Playbook には、8B のモデルを 8個のランクで訓練するときの同じステージを示す対話的な図もありますが、その数値は Playbook 自身の本文と合いません。図ではオプティマイザの状態が 60 GB（ZeRO-1 で 7.5 GB）、勾配とパラメータがそれぞれ 15 GB（ZeRO-2 と ZeRO-3 でそれぞれ 1.875 GB）ですが、パラメータ 1つあたり 12バイトのオプティマイザの状態なら、80億パラメータで約 96 GB になるはずです。60 GB は 8e9 × 8バイトを GiB で数えた値です。この章は本文の計算（パラメータ 1つあたり 16バイト）に従い、それを上のセルで確かめています。
 #
-# 次はこの章のモデルです。`mparlib.vit` の `vit("smoke", patch=7)` は、`ViTConfig` から `ViT` を作ります。28x28 の画像を 7x7 ピクセルのパッチ 16個に切り分け、各パッチを幅 64 のトークンにし、4つの `Block` がトークンを混ぜ合わせます（各ブロックは pre-norm の Transformer ブロックで、アテンションと MLP をそれぞれ残差接続で包んだものです）。計算では、fp32 と Adam ならパラメータ 1つあたり 16バイトになるはずです。これを確かめるため、次のセルでモデルを作って Adam で 1ステップ進め、その後に存在するテンソルのバイト数を数えます。`sharding.held_bytes` は、パラメータ、勾配、オプティマイザの状態にあるすべてのテンソルについて、その裏にあるストレージのバイト数を合計します。
+# 次はこの章のモデルです。`mparlib.vit` の `vit("smoke", patch=7)` は、`ViTConfig` から `ViT` を作ります。28x28 の画像を 7x7 ピクセルのパッチ 16個に切り分け、各パッチを幅 64 のトークンにし、4つの `Block` がトークンを混ぜ合わせます（各ブロックは pre-norm の Transformer ブロックで、アテンションと MLP のそれぞれに残差接続を付けたものです）。計算では、fp32 と Adam ならパラメータ 1つあたり 16バイトになるはずです。これを確かめるため、次のセルでモデルを作って Adam で 1ステップ進め、その後に存在するテンソルのバイト数を数えます。`sharding.held_bytes` は、パラメータ、勾配、オプティマイザの状態にあるすべてのテンソルについて、その裏にあるストレージのバイト数を合計します。
 
 # %%
 images, labels = load_split_tensors("train", 320)
@@ -220,34 +223,40 @@ assert single["optimizer"] == predicted["optimizer"] + 4 * steps
 # 2. rank r runs the optimizer on slice r only, so it keeps the optimizer state of slice r only;
 # 3. all-gather the updated slices: every rank has all the new parameters again.
 #
-# The bytes sent are the same as DDP's all-reduce (it was a reduce-scatter and an all-gather anyway), and each
-# rank now holds 1/N of the optimizer state and, after the step, 1/N of the gradients: ZeRO stages 1 and 2. For an
-# optimizer that works element by element (SGD, Adam, AdamW), updating slices is the same arithmetic as updating
-# everything, so the parameters must come out **exactly** as DDP's. (One that looks at whole tensors, like
-# clipping by the global gradient norm, needs one more all-reduce of a single number.)
+# The bytes sent are the same as DDP's all-reduce (it was a reduce-scatter and an all-gather anyway), and each rank
+# now keeps 1/N of the optimizer state (ZeRO stage 1) and, once the step is over, 1/N of the gradients. That is not
+# yet ZeRO stage 2, whose point is the gradients' memory: `sharded_step` below first copies every `p.grad` into a
+# full-size flat buffer, so while it does, a rank holds the full gradient twice: twice the gradient bytes counted for
+# DDP below (about what DDP itself holds with its communication buckets, unless `gradient_as_bucket_view=True`). It
+# shards the optimizer step, not the gradients' memory. A real ZeRO-2 reduce-scatters the gradients during the
+# backward pass, bucket by bucket, so that the full gradient never exists at once on a rank. For an optimizer that
+# works element by element (SGD, Adam, AdamW), updating slices is the same arithmetic as updating everything, so the
+# parameters must come out **exactly** as DDP's. (One that looks at whole tensors, like clipping by the global
+# gradient norm, needs one more all-reduce of a single number.)
 #
-# The worker cell below writes it with `torch.distributed` directly: `reduce_scatter_single` and
-# `all_gather_single` are the tensor forms of chapter 8's `reduce_scatter` and `all_gather`, under the names that
-# PyTorch 2.13 gave `reduce_scatter_tensor` and `all_gather_into_tensor` (it warns that the old names are
-# deprecated; the worker falls back to them on older releases). gloo supports both on CPU tensors. `flatten` moves the model's parameters into one flat buffer, each parameter becoming a view of
-# its stretch, so that the all-gather writes straight into the parameters, and rank r's slice is a view too:
-# the optimizer updates the buffer in place. `compare` trains the same model four ways on the same batches: DDP,
-# this sharded step, the same algorithm as packaged in `mparlib.sharding.ShardedOptimizer` (which the tests and
-# the benchmark use), and PyTorch's `ZeroRedundancyOptimizer`.
+# The worker cell below writes it with `torch.distributed` directly: `reduce_scatter_single` and `all_gather_single`
+# are the tensor forms of chapter 8's `reduce_scatter` and `all_gather`, under the names that PyTorch 2.13 gave
+# `reduce_scatter_tensor` and `all_gather_into_tensor` (it warns that the old names are deprecated; the worker falls
+# back to them on older releases, and chapter 8's tour calls the old names, which every release has). gloo supports
+# both on CPU tensors. `flatten` moves the model's parameters into one flat buffer, each parameter becoming a view of
+# its stretch, so that the all-gather writes straight into the parameters, and rank r's slice is a view too: the
+# optimizer updates the buffer in place. `compare` trains the same model four ways on the same batches: DDP, this
+# sharded step, the same algorithm as packaged in `mparlib.sharding.ShardedOptimizer` (which the tests and the
+# benchmark use), and PyTorch's `ZeroRedundancyOptimizer`.
 # <!-- ja -->
 # ## プリミティブから作る ZeRO
 #
-# 8章で見たように、オールリデュースは 2つの集団通信を続けたものです。まず**リデュース・スキャッター**で、ランク r はチャンク r の和だけを受け取ります。次に**オールギャザー**で、すべてのチャンクをすべてのランクに配ります。DDP は勾配をオールリデュースしたあと、すべてのランクがすべての勾配について同じオプティマイザのステップを実行します。N 個のランクが同じ仕事を N 回繰り返し、どのランクもオプティマイザの状態をすべて持つことになります。
+# 8章で見たように、オールリデュース（all-reduce）は 2つの集合通信を続けたものです。まず**リデュース・スキャッター**で、ランク r はチャンク r の和だけを受け取ります。次に**オールギャザー**で、すべてのチャンクをすべてのランクに配ります。DDP は勾配をオールリデュースしたあと、すべてのランクがすべての勾配について同じオプティマイザのステップを実行します。N 個のランクが同じ仕事を N 回繰り返し、どのランクもオプティマイザの状態をすべて持つことになります。
 #
-# ZeRO は、オプティマイザのステップをこの 2つの**間に**移します。すべてのパラメータを 1本の平らなベクトルとみなし、S 要素ずつの N 個のスライスに分けられるようにパディングして、ランク r がスライス r を受け持ちます。
+# ZeRO は、オプティマイザのステップをこの 2つの**間に**移します。すべてのパラメータを 1本のフラットなベクトルとみなし、S 要素ずつの N 個のスライスに分けられるようにパディングして、ランク r がスライス r を受け持ちます。
 #
 # 1. 勾配をリデュース・スキャッターします。ランク r は全ランクのスライス r の和を受け取り、N で割ります。
 # 2. ランク r はスライス r だけについてオプティマイザを実行します。そのため、オプティマイザの状態もスライス r の分だけを持ちます。
 # 3. 更新したスライスをオールギャザーします。すべてのランクが、再びすべての新しいパラメータを持ちます。
 #
-# 送るバイト数は DDP のオールリデュースと同じです（もともとリデュース・スキャッターとオールギャザーだったからです）。そして各ランクが持つのは、オプティマイザの状態の 1/N と、ステップ後の勾配の 1/N になります。これが ZeRO のステージ 1 と 2 です。要素ごとに計算するオプティマイザ（SGD、Adam、AdamW）なら、スライスごとに更新しても全体を更新しても計算は同じなので、パラメータは DDP と**完全に**一致するはずです（勾配全体のノルムでクリッピングするように、テンソル全体を見る処理には、数 1つのオールリデュースがもう 1回必要です）。
+# 送るバイト数は DDP のオールリデュースと同じです（もともとリデュース・スキャッターとオールギャザーだったからです）。そして各ランクが持ち続けるのは、オプティマイザの状態の 1/N（ZeRO のステージ 1）と、ステップが終わったあとの勾配の 1/N です。ただし、これはまだ ZeRO のステージ 2 ではありません。ステージ 2 の目的は勾配のメモリですが、下の `sharded_step` はまずすべての `p.grad` をモデル全体の大きさのフラットなバッファにコピーするので、その間ランクは完全な勾配を 2組持ちます。下で DDP について数える勾配のバイト数の 2倍です（DDP 自身も、`gradient_as_bucket_view=True` にしなければ通信用のバケットにもう 1組持つので、それとほぼ同じです）。シャーディングしているのはオプティマイザのステップで、勾配のメモリではありません。本当の ZeRO-2 は、逆伝播の途中でバケットごとに勾配をリデュース・スキャッターするので、完全な勾配が一度にランク上にそろうことはありません。要素ごとに計算するオプティマイザ（SGD、Adam、AdamW）なら、スライスごとに更新しても全体を更新しても計算は同じなので、パラメータは DDP と**完全に**一致するはずです（勾配全体のノルムでクリッピングするように、テンソル全体を見る処理には、数 1つのオールリデュースがもう 1回必要です）。
 #
-# 下のワーカーのセルでは、これを `torch.distributed` で直接書きます。`reduce_scatter_single` と `all_gather_single` は、8章の `reduce_scatter` と `all_gather` のテンソル版で、PyTorch 2.13 で `reduce_scatter_tensor` と `all_gather_into_tensor` に付けられた新しい名前です（古い名前には非推奨の警告が出ます。それより前のリリースでは、ワーカーは古い名前を使います）。gloo は CPU のテンソルでどちらにも対応しています。`flatten` はモデルのパラメータを 1本の平らなバッファに移し、各パラメータをバッファの自分の区間のビューにします。こうするとオールギャザーの結果がそのままパラメータに書き込まれます。ランク r のスライスもビューなので、オプティマイザはバッファをその場で更新します。`compare` は同じモデルを同じバッチで 4通りの方法で訓練します。DDP、このシャーディングしたステップ、同じアルゴリズムを `mparlib.sharding.ShardedOptimizer` にまとめたもの（テストとベンチマークで使います）、そして PyTorch の `ZeroRedundancyOptimizer` です。
+# 下のワーカーのセルでは、これを `torch.distributed` で直接書きます。`reduce_scatter_single` と `all_gather_single` は、8章の `reduce_scatter` と `all_gather` のテンソル版で、PyTorch 2.13 で `reduce_scatter_tensor` と `all_gather_into_tensor` に付けられた新しい名前です（古い名前には非推奨の警告が出ます。それより前のリリースでは、ワーカーは古い名前を使います。8章の `tour` は、どのリリースにもある古い名前を使っています）。gloo は CPU のテンソルでどちらにも対応しています。`flatten` はモデルのパラメータを 1本のフラットなバッファに移し、各パラメータをバッファの自分の区間のビューにします。こうするとオールギャザーの結果がそのままパラメータに書き込まれます。ランク r のスライスもビューなので、オプティマイザはバッファをその場で更新します。`compare` は同じモデルを同じバッチで 4通りの方法で訓練します。DDP、このシャーディングしたステップ、同じアルゴリズムを `mparlib.sharding.ShardedOptimizer` にまとめたもの（テストとベンチマークで使います）、そして PyTorch の `ZeroRedundancyOptimizer` です。
 
 # %%
 # %%worker zero_workers
@@ -433,7 +442,7 @@ for name, r in zero.items():
 # <!-- ja -->
 # 4通りとも DDP と同じパラメータになり、CPU では最後のビットまで一致します（`assert` は 1e-6 まで許します。ランクは同じ勾配を計算するので、残る違いは N 個の勾配を足す順序だけで、その影響は 1ステップあたり float32 の最後の桁の数単位、相対誤差にして約 1e-7 以下です）。
 #
-# 1個のプロセスと比べると、知っておく価値のあるひねりがあります。ほとんどのパラメータは 1e-5 以内で一致します（float32 の丸め誤差です。2個のランクは 32枚をまとめてではなく 16枚ずつ損失を計算します）。例外は**キーのバイアス** `blocks.*.attn.k.bias` で、最大で 1e-4 ほど違います。キーのバイアスは、あるクエリのアテンションスコアすべてに同じ数を足しますが、softmax はそのようなずれを無視するので、本当の勾配はちょうど 0 です。オプティマイザに届くのは 1e-9 ほどの丸め誤差だけですが、Adam は各勾配をそれ自身の移動平均の大きさ（`sqrt(exp_avg_sq) + eps`、`eps = 1e-8`）で割ります。そのため、この大きさの誤差が学習率の 10分の 1 ほどの更新になり、その向きは丸め方しだいで決まります。このようなパラメータは損失をまったく変えません。このあとの FSDP の確認で損失を比べるのはそのためです。`tests/test_sharding.py` では float64 でパラメータを比べます。float64 では誤差が `eps` よりはるかに小さく、すべてのパラメータが 1e-10 以内で一致します。
+# 1個のプロセスと比べたときの結果には、知っておきたい点があります。ほとんどのパラメータは 1e-5 以内で一致します（float32 の丸め誤差です。2個のランクは 32枚をまとめてではなく 16枚ずつ損失を計算します）。例外は**キーのバイアス** `blocks.*.attn.k.bias` で、最大で 1e-4 ほど違います。キーのバイアスは、あるクエリのアテンションスコアすべてに同じ数を足しますが、softmax はそのようなずれを無視するので、本当の勾配はちょうど 0 です。オプティマイザに届くのは 1e-9 ほどの丸め誤差だけですが、Adam は各勾配をそれ自身の移動平均の大きさ（`sqrt(exp_avg_sq) + eps`、`eps = 1e-8`）で割ります。そのため、この大きさの誤差が学習率の 10分の 1 ほどの更新になり、その向きは丸め方しだいで決まります。このようなパラメータは損失をまったく変えません。このあとの FSDP の確認で損失を比べるのはそのためです。`tests/test_sharding.py` では float64 でパラメータを比べます。float64 では誤差が `eps` よりはるかに小さく、すべてのパラメータが 1e-10 以内で一致します。
 
 # %% [markdown]
 # <!-- en -->
@@ -464,14 +473,16 @@ assert sum(h["optimizer"] for h in zero["ZeroRedundancyOptimizer"]["held"]) == s
 
 # %% [markdown]
 # <!-- en -->
-# The sharded step keeps half the gradients and half of Adam's state: 62% of DDP's bytes on 2 ranks, and
-# 1/4 + 3/4 x 1/N of them on N ranks (the parameters stay whole). PyTorch's `ZeroRedundancyOptimizer` is ZeRO-1: it
+# After the step, the sharded step holds half the gradients and half of Adam's state: 62% of DDP's bytes on 2 ranks,
+# and 1/4 + 3/4 x 1/N of them on N ranks (the parameters stay whole). These are the bytes held after the step; during
+# the step it held the full gradients twice, as said above, and no cell here measures that peak. PyTorch's
+# `ZeroRedundancyOptimizer` is ZeRO-1: it
 # shards the optimizer state, but by whole parameter tensors, assigned greedily to balance the ranks (hence the
 # uneven split), and it keeps DDP's full gradients. The collectives of one step, recorded by
 # `sharding.CollectiveLog` (it watches the `c10d` operators that every `torch.distributed` collective reaches
 # PyTorch's dispatcher through), and the step times:
 # <!-- ja -->
-# シャーディングしたステップでは、勾配と Adam の状態が半分になります。ランク 2個なら DDP の 62% で、ランク N 個なら 1/4 + 3/4 × 1/N です（パラメータは丸ごと残ります）。PyTorch の `ZeroRedundancyOptimizer` は ZeRO-1 です。オプティマイザの状態をシャーディングしますが、パラメータのテンソル単位で、ランクの負担がそろうように貪欲に割り当てます（分け方が均等でないのはそのためです）。勾配は DDP と同じく全体を持ちます。1ステップの集団通信を `sharding.CollectiveLog` で記録したもの（`torch.distributed` の集団通信はどれも、PyTorch のディスパッチャを `c10d` の演算子として通ります。これを見張っています）と、ステップの時間を示します。
+# ステップのあと、シャーディングしたステップが持つ勾配と Adam の状態は半分です。ランク 2個なら DDP の 62% で、ランク N 個なら 1/4 + 3/4 × 1/N です（パラメータは丸ごと残ります）。これはステップのあとに持っている量です。ステップの途中では、上で述べたとおり完全な勾配を 2組持っていました。そのピークを測るセルはありません。PyTorch の `ZeroRedundancyOptimizer` は ZeRO-1 です。オプティマイザの状態をシャーディングしますが、パラメータのテンソル単位で、ランクの負担がそろうように貪欲に割り当てます（分け方が均等でないのはそのためです）。勾配は DDP と同じく全体を持ちます。1ステップの集合通信を `sharding.CollectiveLog` で記録したもの（`torch.distributed` の集合通信はどれも、PyTorch のディスパッチャを `c10d` の演算子として通ります。これを見張っています）と、ステップの時間を示します。
 
 # %% tags=["nbval-ignore-output"]
 print(col(tr("method", "方式"), 25)
@@ -501,7 +512,7 @@ for name in ("sharded_step", "ShardedOptimizer"):
 # ## FSDP2: shard the parameters too
 #
 # The sharded step still keeps all parameters on every rank. **ZeRO-3** shards them as well: each rank stores 1/N
-# of every parameter, and a layer's full parameters exist only while that layer computes. PyTorch's
+# of every parameter, and a layer's full parameters exist only around the time that layer computes. PyTorch's
 # implementation is FSDP; its current form, **FSDP2**, is the function `torch.distributed.fsdp.fully_shard`:
 #
 # ```python
@@ -516,8 +527,10 @@ for name in ("sharded_step", "ShardedOptimizer"):
 # adds hooks: before its forward, all-gather its parameters; after the forward, free them again
 # (`reshard_after_forward=True`); before its backward, all-gather them once more; after the backward,
 # reduce-scatter its gradients, so that each rank keeps the gradient of its own shard. The optimizer then updates
-# shards, with state for shards. Sharding block by block is what keeps the memory low: only one block's full
-# parameters exist at a time, and the all-gather of the next block can run while the current one computes.
+# shards, with state for shards. Sharding block by block is what keeps the memory low: the full parameters of only a
+# few blocks exist at once. Not of one block, though: FSDP2 prefetches, starting the all-gather of the next block
+# while the current one computes, so during the forward and the backward pass at least two blocks' full parameters
+# exist at the same time.
 #
 # The worker below shards the chapter's model this way (the root's `reshard_after_forward` keeps its default,
 # which does not free the root's parameters after the forward, since the backward needs them at once), and one
@@ -526,9 +539,9 @@ for name in ("sharded_step", "ShardedOptimizer"):
 # activation checkpointing (section 4). The 2-rank launch then trains the model on Fashion-MNIST and saves a
 # sharded checkpoint; the 4-rank launch loads it (section 5).
 # <!-- ja -->
-# ## FSDP2: パラメータもシャーディングする
+# ## FSDP2: パラメータも含めたシャーディング
 #
-# シャーディングしたステップでも、パラメータはすべてのランクが丸ごと持っていました。**ZeRO-3** はパラメータもシャーディングします。各ランクはどのパラメータも 1/N だけを保存し、ある層の完全なパラメータが存在するのは、その層が計算している間だけです。PyTorch での実装が FSDP で、その現在の形である **FSDP2** は関数 `torch.distributed.fsdp.fully_shard` です。
+# シャーディングしたステップでも、パラメータはすべてのランクが丸ごと持っていました。**ZeRO-3** はパラメータもシャーディングします。各ランクはどのパラメータも 1/N だけを保存し、ある層の完全なパラメータが存在するのは、その層が計算する前後の短い間だけです。PyTorch での実装が FSDP で、その現在の形である **FSDP2** は関数 `torch.distributed.fsdp.fully_shard` です。
 #
 # ```python
 # for block in model.blocks:
@@ -537,9 +550,9 @@ for name in ("sharded_step", "ShardedOptimizer"):
 # optimizer = torch.optim.Adam(model.parameters())   # シャーディングの後に作る。オプティマイザにはシャードが見える
 # ```
 #
-# `fully_shard` のあと、パラメータはどれも `DTensor` になります。ランクにどう分割されているかを知っているテンソルで（`Shard(0)` は 0次元目で切ることを表します）、`.to_local()` がこのランクの保存している部分です。FSDP は各ユニットの周りにフックを付けます。順伝播の前にパラメータをオールギャザーし、順伝播のあとで再び解放します（`reshard_after_forward=True`）。逆伝播の前にもう一度オールギャザーし、逆伝播のあとで勾配をリデュース・スキャッターして、各ランクは自分のシャードの勾配だけを持ちます。オプティマイザはシャードを更新し、状態もシャードの分だけを持ちます。ブロックごとにシャーディングすることが、メモリを少なく保つ鍵です。完全なパラメータが存在するのは一度に 1ブロック分だけで、次のブロックのオールギャザーは今のブロックの計算と同時に進められます。
+# `fully_shard` のあと、パラメータはどれも `DTensor` になります。ランクにどう分割されているかを知っているテンソルで（`Shard(0)` は 0次元目で切ることを表します）、`.to_local()` がこのランクの保存している部分です。FSDP は各ユニットの周りにフックを付けます。順伝播の前にパラメータをオールギャザーし、順伝播のあとで再び解放します（`reshard_after_forward=True`）。逆伝播の前にもう一度オールギャザーし、逆伝播のあとで勾配をリデュース・スキャッターして、各ランクは自分のシャードの勾配だけを持ちます。オプティマイザはシャードを更新し、状態もシャードの分だけを持ちます。ブロックごとにシャーディングすることが、メモリを少なく保つ鍵です。一度に完全なパラメータが存在するのは、いくつかのブロックの分だけです。ただし、1ブロック分だけではありません。FSDP2 は先読み（prefetch）をして、今のブロックの計算中に次のブロックのオールギャザーを始めるので、順伝播でも逆伝播でも、少なくとも 2ブロック分の完全なパラメータが同時に存在します。
 #
-# 下のワーカーは、この章のモデルをこの方法でシャーディングします（ルートの `reshard_after_forward` は既定値のままにします。逆伝播がすぐにルートのパラメータを必要とするので、既定値では順伝播のあとも解放しません）。1回の起動でいくつもの測定をします。DTensor になったパラメータ、Adam の 10ステップと各ランクが持つバイト数と 1ステップの集団通信、`reshard_after_forward=False` での同じ測定、bfloat16 の混合精度、そして活性化の再計算（4節）です。さらに 2ランクの起動ではモデルを Fashion-MNIST で訓練して、シャーディングしたチェックポイントを保存します。4ランクの起動はそれを読み込みます（5節）。
+# 下のワーカーは、この章のモデルをこの方法でシャーディングします（ルートの `reshard_after_forward` は既定値のままにします。逆伝播がすぐにルートのパラメータを必要とするので、既定値では順伝播のあとも解放しません）。1回の起動でいくつもの測定をします。DTensor になったパラメータ、Adam の 10ステップと各ランクが持つバイト数と 1ステップの集合通信、`reshard_after_forward=False` での同じ測定、bfloat16 の混合精度、そして活性化の再計算（4節）です。さらに 2ランクの起動ではモデルを Fashion-MNIST で訓練して、シャーディングしたチェックポイントを保存します。4ランクの起動はそれを読み込みます（5節）。
 
 # %%
 # %%worker fsdp_workers
@@ -739,12 +752,12 @@ for r in (fsdp2, fsdp4):
 
 # %% [markdown]
 # <!-- en -->
-# `S(0)` is `Shard(0)`: the 64 rows of the matrix are cut into 2 or 4 pieces. The table counts what each rank
-# holds right after the first optimizer step (parameters, gradients and Adam's state all exist then), the largest
-# rank's count for each part. One process is the unsharded model of section 1, and the last columns compare the
-# total with the ideal 1/N of it:
+# `S(0)` is `Shard(0)`: the 64 rows of the matrix are cut into 2 or 4 pieces. The table counts what each rank holds
+# right after the first optimizer step, when parameters, gradients and Adam's state all exist (bytes held after the
+# step, not a peak), the largest rank's count for each part. One process is the unsharded model of section 1, and the
+# last columns compare the total with the ideal 1/N of it:
 # <!-- ja -->
-# `S(0)` は `Shard(0)` のことで、行列の 64行を 2つまたは 4つに切っています。次の表は、最初のオプティマイザのステップの直後（パラメータ、勾配、Adam の状態がすべてそろっている時点）に各ランクが持っているバイト数を、部分ごとに最も多いランクの値で示します。プロセス 1個の行は 1節のシャーディングしていないモデルです。最後の列は、合計を理想の 1/N と比べています。
+# `S(0)` は `Shard(0)` のことで、行列の 64行を 2つまたは 4つに切っています。次の表は、最初のオプティマイザのステップの直後（パラメータ、勾配、Adam の状態がすべてそろっている時点）に各ランクが持っているバイト数を、部分ごとに最も多いランクの値で示します。ステップのあとに持っている量で、ピークを測ったものではありません。プロセス 1個の行は 1節のシャーディングしていないモデルです。最後の列は、合計を理想の 1/N と比べています。
 
 # %%
 per_world = {1: single, 2: fsdp2["held"], 4: fsdp4["held"]}
@@ -805,8 +818,10 @@ for r in (fsdp2, fsdp4):
 # every parameter along its first dimension into N equal pieces, rounding up, and the position embedding
 # `pos`, of shape `(1, 16, 64)`, has a first dimension of 1: one rank stores it whole and the others store padding
 # of the same size. Adam's state follows the real shards, so the ranks' states add up to exactly the unsharded
-# state (plus one step count per parameter tensor and rank). On GPUs the allocator's peak is higher than these
-# counts: it also includes the gathered blocks, the activations and PyTorch's workspace.
+# state (plus one step count per parameter tensor and rank). These counts are what is held after the step, not a peak:
+# during the forward and backward passes a rank also holds gathered blocks and activations, so its peak is expected to
+# be higher. Where the ranks have GPUs, the cell above printed the allocator's peak
+# (`torch.cuda.max_memory_allocated`), which shows it; a CPU has no such statistic.
 #
 # ### ZeRO-3 or ZeRO-2: `reshard_after_forward`
 #
@@ -817,11 +832,11 @@ for r in (fsdp2, fsdp4):
 # PyTorch's own `CommDebugMode` (`torch.distributed.tensor.debug`) sees FSDP's collectives too and counts the same
 # calls, but it does not record their sizes.
 # <!-- ja -->
-# 各ランクが持つのは、数パーセントの誤差で訓練の状態の 1/N です。この数パーセントは**パディング**です。FSDP2 はどのパラメータも 0次元目に沿って N 等分し、端数は切り上げます。位置埋め込み `pos` の形は `(1, 16, 64)` で 0次元目の大きさが 1 なので、1個のランクが丸ごと保存し、他のランクは同じ大きさのパディングを保存します。Adam の状態は実際のシャードに合わせて作られるので、全ランクの状態を足すと、シャーディングしない場合の状態とちょうど同じになります（これにパラメータのテンソル 1つとランク 1個ごとのステップ数が加わります）。GPU では、アロケータのピークはこの値より大きくなります。集めたブロック、活性化、PyTorch の作業領域も含まれるからです。
+# 各ランクが持つのは、数パーセントの誤差で訓練の状態の 1/N です。この数パーセントは**パディング**です。FSDP2 はどのパラメータも 0次元目に沿って N 等分し、端数は切り上げます。位置埋め込み `pos` の形状は `(1, 16, 64)` で 0次元目の大きさが 1 なので、1個のランクが丸ごと保存し、他のランクは同じ大きさのパディングを保存します。Adam の状態は実際のシャードに合わせて作られるので、全ランクの状態を足すと、シャーディングしない場合の状態とちょうど同じになります（これにパラメータのテンソル 1つとランク 1個ごとのステップ数が加わります）。これらはステップのあとに持っている量で、ピークではありません。順伝播と逆伝播の間は、集めたブロックや活性化も持つので、ピークはこれより大きくなるはずです。ランクが GPU 上にあれば、上のセルがアロケータのピーク（`torch.cuda.max_memory_allocated`）を表示しているので、それで確かめられます。CPU にはこの統計がありません。
 #
-# ### ZeRO-3 か ZeRO-2 か: `reshard_after_forward`
+# ### ZeRO-3 と ZeRO-2 の切り替え: `reshard_after_forward`
 #
-# `reshard_after_forward=True`（ブロックの既定値）では、ブロックのパラメータは順伝播のあとで解放され、逆伝播のためにもう一度集められます。メモリは最も少なくなりますが、オールギャザーが 2回になります。`False` にすると、順伝播から逆伝播まで集めたまま保持します。これは ZeRO-2 の振る舞いで、ステップの間は完全なパラメータを持ちます。1回の訓練ステップで送るもの（集めたり足し合わせたりするテンソル全体のバイト数）を `CollectiveLog` で数えます。PyTorch 自身の `CommDebugMode`（`torch.distributed.tensor.debug`）も FSDP の集団通信を捉えて同じ回数を数えますが、その大きさは記録しません。
+# `reshard_after_forward=True`（ブロックの既定値）では、ブロックのパラメータは順伝播のあとで解放され、逆伝播のためにもう一度集められます。メモリは最も少なくなりますが、オールギャザーが 2回になります。`False` にすると、順伝播から逆伝播まで集めたまま保持します。これは ZeRO-2 の振る舞いで、ステップの間は完全なパラメータを持ちます。1回の訓練ステップで送るもの（集めたり足し合わせたりするテンソル全体のバイト数）を `CollectiveLog` で数えます。PyTorch 自身の `CommDebugMode`（`torch.distributed.tensor.debug`）も FSDP の集合通信を捉えて同じ回数を数えますが、その大きさは記録しません。
 
 # %%
 print(col(tr("ranks", "ランク数"), 8, True) + f" {'reshard_after_forward':<22} {'all_gather':>16} {'reduce_scatter':>16}")
@@ -846,8 +861,8 @@ for r in (fsdp2, fsdp4):
 # resharding 4 more all-gathers (the root is not resharded). The bytes are those of the whole model, padding
 # included: with `False` the all-gathers move the model once per step and the reduce-scatters once, which is
 # exactly DDP's all-reduce (a reduce-scatter and an all-gather); with `True` the parameters travel almost twice,
-# **1.5 times DDP's traffic** in all, the figure the ZeRO paper gives for stage 3. In exchange, a rank never holds
-# more than one block's full parameters.
+# **1.5 times DDP's traffic** in all, the figure the ZeRO paper gives for stage 3. In exchange, a rank holds the full
+# parameters only of the block that computes and of the next one, prefetched, never of all blocks at once.
 #
 # ### Mixed precision
 #
@@ -855,7 +870,7 @@ for r in (fsdp2, fsdp4):
 # float32 (they are the master copy: the optimizer updates them), casts them to bfloat16 when they are gathered,
 # computes in bfloat16, and reduce-scatters the gradients in float32. bfloat16 works on the CPU too, with gloo:
 # <!-- ja -->
-# ブロックごとに 1つとルートで、ユニットは 5つです。順伝播で 5回のオールギャザー、逆伝播で 5回のリデュース・スキャッターを行い、パラメータを解放する場合はさらに 4回オールギャザーします（ルートは解放しません）。バイト数はパディングを含めたモデル全体の大きさです。`False` では、オールギャザーでモデルを 1ステップに 1回分、リデュース・スキャッターで 1回分送ります。これは DDP のオールリデュース（リデュース・スキャッターとオールギャザー）とちょうど同じです。`True` ではパラメータがほぼ 2回送られるので、全体で **DDP の 1.5倍の通信量**になります。ZeRO の論文がステージ 3 について示している値です。その代わり、1個のランクが完全なパラメータを持つのは、どの時点でも 1ブロック分だけです。
+# ブロックごとに 1つとルートで、ユニットは 5つです。順伝播で 5回のオールギャザー、逆伝播で 5回のリデュース・スキャッターを行い、パラメータを解放する場合はさらに 4回オールギャザーします（ルートは解放しません）。バイト数はパディングを含めたモデル全体の大きさです。`False` では、オールギャザーでモデルを 1ステップに 1回分、リデュース・スキャッターで 1回分送ります。これは DDP のオールリデュース（リデュース・スキャッターとオールギャザー）とちょうど同じです。`True` ではパラメータがほぼ 2回送られるので、全体で **DDP の 1.5倍の通信量**になります。ZeRO の論文がステージ 3 について示している値です。その代わり、1個のランクが完全なパラメータを持つのは、計算中のブロックと先読みした次のブロックの分だけで、すべてのブロックの分を同時に持つことはありません。
 #
 # ### 混合精度
 #
@@ -874,9 +889,10 @@ print(tr("bytes reduce-scattered per step, same in both:", "1ステップでリ�
 
 # %% [markdown]
 # <!-- en -->
-# The all-gathers carry half the bytes, and the gathered blocks take half the memory; the gradients are reduced in
-# float32, as asked. On GPUs bfloat16 also runs the matrix products several times faster; on a CPU it may be
-# slower, depending on the processor.
+# The all-gathers carry half the bytes, so the gathered blocks should take half the memory too (2 bytes per element
+# instead of 4; no cell here measures that); the gradients are reduced in float32, as asked. On GPUs with
+# bfloat16 support the matrix products usually run several times faster as well; on a CPU they may be slower,
+# depending on the processor (this chapter times neither).
 #
 # ### The same training as one process
 #
@@ -884,14 +900,14 @@ print(tr("bytes reduce-scattered per step, same in both:", "1ステップでリ�
 # must equal those of one process training on the whole batches. The tolerance is 1e-4 on losses of about 2.
 # float32 rounding, from summing the ranks' gradients in another order and from other splits of the matrix
 # products, stays around 1e-6 over ten steps on a CPU; ranks on GPUs use other kernels and round differently,
-# and 1e-4 covers both while staying far below what a real change does: bfloat16 moves the losses by about 1e-2,
-# which the check must and does see.
+# and 1e-4 covers both while staying far below what a real change does: bfloat16 moves the losses by a few
+# hundredths, which the check must see, and does.
 # <!-- ja -->
-# オールギャザーで送るバイト数は半分になり、集めたブロックのメモリも半分になります。勾配は指定どおり float32 で足し合わされます。GPU では bfloat16 にすると行列積も数倍速くなりますが、CPU ではプロセッサによっては遅くなることもあります。
+# オールギャザーで送るバイト数は半分になるので、集めたブロックのメモリも半分になるはずです（要素あたり 4バイトではなく 2バイト。このメモリを測るセルはありません）。勾配は指定どおり float32 で足し合わされます。bfloat16 に対応した GPU では行列積もふつう数倍速くなりますが、CPU ではプロセッサによっては遅くなることもあります（この章ではどちらの時間も測っていません）。
 #
 # ### 1個のプロセスと同じ訓練
 #
-# FSDP が変えるのは数値をどこに置くかで、何を計算するかではありません。fp32 の 10ステップについて、ランク 2個とランク 4個の損失は、1個のプロセスでバッチ全体を使って訓練したときの損失と等しいはずです。許容誤差は、2 程度の損失に対して 1e-4 とします。float32 の丸め誤差（ランクの勾配を足す順序や、行列積の分け方の違いから生じます）は、CPU では 10ステップで 1e-6 程度にとどまります。GPU 上のランクは別のカーネルを使うので丸め方が違いますが、1e-4 はその両方を含み、しかも本当に計算が変わったときの差よりずっと小さい値です。bfloat16 では損失が 1e-2 ほど動くので、この確認はそれを見分けなければならず、実際に見分けます。
+# FSDP が変えるのは数値をどこに置くかで、何を計算するかではありません。fp32 の 10ステップについて、ランク 2個とランク 4個の損失は、1個のプロセスでバッチ全体を使って訓練したときの損失と等しいはずです。許容誤差は、2 程度の損失に対して 1e-4 とします。float32 の丸め誤差（ランクの勾配を足す順序や、行列積の分け方の違いから生じます）は、CPU では 10ステップで 1e-6 程度にとどまります。GPU 上のランクは別のカーネルを使うので丸め方が違いますが、1e-4 はその両方を含み、しかも本当に計算が変わったときの差よりずっと小さい値です。bfloat16 では損失が 1e-2 以上ずれますが、この確認はそのずれをきちんと検出します。
 
 # %% tags=["nbval-ignore-output"]
 one = make_model()
@@ -971,7 +987,7 @@ assert sum(curve[-20:]) / 20 < 0.6 * sum(curve[:20]) / 20
 # <!-- ja -->
 # ## 活性化のメモリ
 #
-# シャーディングで訓練の状態は分割できますが、**活性化**はどのランクにも丸ごと残ります。逆伝播は順伝播の出力（各線形層の入力、アテンションの確率など）を必要とするので、autograd はそれを使い終わるまで保持します。その大きさはバッチの大きさと系列の長さに比例して増え、大きなモデルでは訓練の状態より大きくなることもよくあります。
+# シャーディングで訓練の状態は分割できますが、**活性化**はどのランクにも丸ごと残ります。逆伝播は順伝播の出力（各線形層の入力、アテンションの確率など）を必要とするので、autograd はそれを使い終わるまで保持します。その大きさはバッチの大きさや系列の長さとともに増え、大きなモデルでは訓練の状態より大きくなることもよくあります。
 #
 # **活性化の再計算**（activation checkpointing）は、各ブロックの入力だけを残し、逆伝播の途中でそのブロックの順伝播をもう一度計算します。すべてのブロックの活性化ではなく一度に 1ブロック分で済む代わりに、ブロックごとに順伝播が 1回増えます（計算量はおよそ 3分の 1 増えます）。`torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)` がこれを行います。ワーカーのセルの `Checkpointed` はこれをブロックに適用するラッパーです。FSDP と組み合わせるときは、上の実行と同じように、先にブロックをラップしてからシャーディングします。
 #
@@ -1035,7 +1051,7 @@ assert activation["checkpointed"] >= 4 * block_input  # each checkpointed block 
 # moment. The step takes longer by the recomputed forward passes (on a busy CPU the times are noisy). The
 # same trade in other forms: checkpoint every second block, or only the attention, to balance memory and time.
 # <!-- ja -->
-# 再計算を使うと、保存される活性化はおよそ 5分の 1 になります。残るのは主に 4つのブロックの入力とブロックの外の層で、逆伝播の間は 1ブロック分の活性化が一時的にまた現れます。ステップは、順伝播を再計算する分だけ長くなります（混んだ CPU では時間がばらつきます）。同じ取り引きは別の形でもできます。1つおきのブロックだけ、あるいはアテンションだけを再計算して、メモリと時間の釣り合いをとります。
+# 再計算を使うと、保存される活性化はおよそ 5分の 1 になります。残るのは主に 4つのブロックの入力とブロックの外の層で、逆伝播の間は 1ブロック分の活性化が一時的にまた現れます。ステップは、順伝播を再計算する分だけ長くなります（混んだ CPU では時間がばらつきます）。メモリと計算時間のこの交換は、ほかのやり方でもできます。1つおきのブロックだけ、あるいはアテンションだけを再計算して、メモリと時間の釣り合いをとります。
 
 # %% [markdown]
 # <!-- en -->
@@ -1071,8 +1087,8 @@ assert activation["checkpointed"] >= 4 * block_input  # each checkpointed block 
 # 保存が途中で断ち切られることもあります。メモリ不足でプロセスが強制終了される、ノードが落ちる、ジョブの制限時間が来る、などです。`mparlib.sharding.save_sharded` は、保存が完了しているか、まったく存在しないかのどちらかになるようにします。
 #
 # 1. 各ランクは一時フォルダ `.step-NNNNNNNN.partial` に書き込みます（DCP のコーディネータは、全ランクのファイルが書き終わってから最後に `.metadata` を書きます）。
-# 2. 全ランクが終わったら、ランク 0 がフォルダの名前を `step-NNNNNNNN` に変えます。ファイルシステム上で不可分な 1回の操作です。
-# 3. そのあと、最後に完了した保存を指す小さなファイル `latest` を書き直します（これも不可分に行います）。
+# 2. 全ランクが終わったら、ランク 0 がフォルダの名前を `step-NNNNNNNN` に変えます。ファイルシステム上でアトミックな 1回の操作です。
+# 3. そのあと、最後に完了した保存を指す小さなファイル `latest` を書き直します（これもアトミックに行います）。
 #
 # `load_sharded(state, root)` は `latest` をたどり、完了した保存でないフォルダは拒否します。上の 2ランクの実行は、訓練したモデルと AdamW の状態をこの方法で保存しました。
 
@@ -1187,7 +1203,7 @@ assert partial.is_dir() and not (partial / ".metadata").exists()
 # what one step sent, in bytes of whole tensors (on N ranks each rank sends and receives about (N - 1)/N of that
 # with a ring).
 # <!-- ja -->
-# ## どれをいつ使うか
+# ## 方式の使い分け
 #
 # この章の測定結果を並べます。ランク 2個のときに各ランクが持ったバイト数（最も多いランクの値）と、1ステップで送ったものを、テンソル全体のバイト数で示します（ランク N 個のリングでは、各ランクはその約 (N - 1)/N を送受信します）。
 
@@ -1216,16 +1232,19 @@ print(tr("(DDP's and ZeRO-1's traffic: an all-reduce counted as a reduce-scatter
 
 # %% [markdown]
 # <!-- en -->
-# (FSDP2 holds the same at rest with `True` or `False`; with `False` it also holds all blocks' full parameters
-# between the forward and the backward pass.) Reading the table for a real model, scaled by the arithmetic of
-# section 1:
+# (FSDP2 holds the same at rest with `True` or `False`; with `False` it also holds all blocks' full parameters between
+# the forward and the backward pass.) The row printed as ZeRO-2 is this chapter's sharded step: its bytes are counted
+# after the step, when it holds ZeRO-2's share, but during the step it held every gradient plus a full flat copy of
+# them, so it shards the optimizer step, not the gradients' memory (section 2). Reading the table for a real model,
+# scaled by the arithmetic of section 1, with ZeRO-2 as DeepSpeed implements it (gradients reduce-scattered bucket by
+# bucket during the backward pass):
 #
 # | | memory per rank | traffic per step | use it when |
 # |---|---|---|---|
 # | DDP | everything: 16 bytes per parameter with Adam | 1 all-reduce of the gradients (2 x model bytes) | the model, its gradients and optimizer state fit on one device with room for activations: the fastest and simplest |
 # | ZeRO-1 | optimizer state / N | as DDP (PyTorch's version adds broadcasts) | the optimizer state is what does not fit (Adam: half of it); a drop-in optimizer |
 # | ZeRO-2 | optimizer state and gradients / N | as DDP: reduce-scatter + all-gather | as ZeRO-1 with more room; no extra traffic, so take it whenever you shard the optimizer |
-# | ZeRO-3 / FSDP2 | everything / N, plus one unit in full at a time | 1.5 x DDP (parameters gathered twice) | the parameters themselves do not fit on one device; with many devices on fast links the extra traffic overlaps the compute |
+# | ZeRO-3 / FSDP2 | everything / N, plus in full the unit that computes and the next one, prefetched | 1.5 x DDP (parameters gathered twice) | the parameters themselves do not fit on one device; with many devices on fast links the extra traffic overlaps the compute |
 # | FSDP2, `reshard_after_forward=False` | as ZeRO-3 at rest, full parameters during the step | as DDP | memory is tight only between steps, or the interconnect is slow |
 #
 # Whatever the choice, activation checkpointing cuts the activations, and mixed precision halves what is gathered
@@ -1235,15 +1254,15 @@ print(tr("(DDP's and ZeRO-1's traffic: an all-reduce counted as a reduce-scatter
 # 3.2 M parameters), with step times, and checks the goal of this chapter: at most 1.15 x 1/N (its worker,
 # `mparlib.sharding.fsdp_memory_worker`, is the FSDP part of this chapter's worker in a few lines).
 # <!-- ja -->
-# （FSDP2 が保存している量は `True` でも `False` でも同じです。`False` では、順伝播から逆伝播までの間、すべてのブロックの完全なパラメータも持ちます。）実際のモデルについてこの表を読むには、1節の計算で大きさを換算します。
+# （FSDP2 が保存している量は `True` でも `False` でも同じです。`False` では、順伝播から逆伝播までの間、すべてのブロックの完全なパラメータも持ちます。）ZeRO-2 と表示した行はこの章のシャーディングしたステップです。そのバイト数はステップのあとに数えたもので、そのときは ZeRO-2 と同じ量を持っていますが、ステップの途中ではすべての勾配とそのフラットなコピーを持っていました。シャーディングしているのはオプティマイザのステップで、勾配のメモリではありません（2節）。実際のモデルについてこの表を読むには、1節の計算で大きさを換算します。ZeRO-2 は DeepSpeed の実装（逆伝播の途中でバケットごとに勾配をリデュース・スキャッターする）を指します。
 #
 # | | 1ランクのメモリ | 1ステップの通信 | 使いどころ |
 # |---|---|---|---|
 # | DDP | すべて。Adam ならパラメータ 1つあたり 16バイト | 勾配のオールリデュース 1回（モデルの 2倍のバイト数） | モデル、勾配、オプティマイザの状態が 1つのデバイスに収まり、活性化の余裕もあるとき。最も速く、最も単純 |
 # | ZeRO-1 | オプティマイザの状態 / N | DDP と同じ（PyTorch の実装ではブロードキャストが加わる） | 収まらないのがオプティマイザの状態のとき（Adam ではその半分）。オプティマイザを差し替えるだけで使える |
 # | ZeRO-2 | オプティマイザの状態と勾配 / N | DDP と同じ。リデュース・スキャッターとオールギャザー | ZeRO-1 よりさらに余裕がほしいとき。通信は増えないので、オプティマイザをシャーディングするならこちら |
-# | ZeRO-3 / FSDP2 | すべて / N と、その時点の 1ユニット分の完全なパラメータ | DDP の 1.5倍（パラメータを 2回集める） | パラメータそのものが 1つのデバイスに収まらないとき。高速な接続の多数のデバイスなら、増えた通信は計算と重なる |
-# | FSDP2、`reshard_after_forward=False` | 保存する量は ZeRO-3 と同じ。ステップの間は完全なパラメータ | DDP と同じ | メモリが厳しいのがステップの間だけのとき、または接続が遅いとき |
+# | ZeRO-3 / FSDP2 | すべて / N と、計算中のユニットと先読みした次のユニットの完全なパラメータ | DDP の 1.5倍（パラメータを 2回集める） | パラメータそのものが 1つのデバイスに収まらないとき。高速なリンクでつながった多数のデバイスなら、増えた通信は計算と重なる |
+# | FSDP2、`reshard_after_forward=False` | 保存する量は ZeRO-3 と同じ。ステップの間は完全なパラメータ | DDP と同じ | メモリが厳しいのがステップの間だけのとき、またはリンクが遅いとき |
 #
 # どれを選んでも、活性化の再計算で活性化を減らせ、混合精度で集める量と計算を半分にできます。収まるモデルなら答えは DDP です。シャーディングは、モデルが収まらなくなった日のためのものです。そして同じコードがランク 1個、2個、4個で動きます。シャーディングしたチェックポイントは、保存したときのワールドサイズにモデルを縛りません。`benchmarks/sharding.py` は、より大きな ViT（`vit("small")`、パラメータ 320万個）について、プロセス 1個、2個、4個での 1ランクあたりのメモリとステップの時間を測り、この章の目標（1/N の 1.15倍以内）を確かめます（そのワーカー `mparlib.sharding.fsdp_memory_worker` は、この章のワーカーの FSDP の部分を数行にまとめたものです）。
 
@@ -1253,13 +1272,15 @@ print(tr("(DDP's and ZeRO-1's traffic: an all-reduce counted as a reduce-scatter
 #
 # - Training holds, per parameter, the parameter, its gradient and the optimizer state: 16 bytes with Adam in
 #   fp32 or in mixed precision (with an fp32 master copy of the weights). DDP keeps all of it on every rank.
-# - ZeRO shards them: stage 1 the optimizer state, stage 2 also the gradients, stage 3 also the parameters. Stages
-#   1 and 2 are DDP's all-reduce cut in two, reduce-scatter, update one slice, all-gather: the same bytes, the
-#   same parameters (proved here against DDP).
+# - ZeRO shards them: stage 1 the optimizer state, stage 2 also the gradients, stage 3 also the parameters. The
+#   chapter's sharded step is DDP's all-reduce cut in two, reduce-scatter, update one slice, all-gather: the same
+#   bytes, the same parameters (proved here against DDP), 1/N of the optimizer state. It first copies the full
+#   gradient into a flat buffer, so it shards the optimizer step, not the gradients' memory; a real
+#   ZeRO-2 reduce-scatters bucket by bucket during the backward pass.
 # - FSDP2 is `fully_shard` per block and at the root: parameters become DTensors sharded on dimension 0, each rank
-#   holds 1/N of parameters, gradients and optimizer state (within the padding), and each block is gathered when
-#   it computes. `reshard_after_forward` trades memory against a second all-gather; `MixedPrecisionPolicy` halves
-#   the gathered bytes. It trains exactly like one process.
+#   holds 1/N of parameters, gradients and optimizer state (within the padding), and each block is gathered just
+#   before it computes. `reshard_after_forward` trades memory against a second all-gather; `MixedPrecisionPolicy`
+#   halves the gathered bytes. It trains exactly like one process.
 # - Activation checkpointing keeps each block's input and recomputes the rest in the backward pass.
 # - DCP saves every rank's shards in parallel and reshards on load (2 ranks -> 4 ranks -> 1 process). Save into a
 #   temporary folder, rename it, then point `latest` at it: a killed save is never taken for a complete one.
@@ -1282,8 +1303,8 @@ print(tr("(DDP's and ZeRO-1's traffic: an all-reduce counted as a reduce-scatter
 # ## まとめ
 #
 # - 訓練では、パラメータ 1つにつきパラメータ、勾配、オプティマイザの状態を持ちます。Adam なら fp32 でも混合精度（重みの fp32 のマスターコピー）でも 16バイトです。DDP はそのすべてを全ランクに持たせます。
-# - ZeRO はこれをシャーディングします。ステージ 1 はオプティマイザの状態、ステージ 2 は勾配も、ステージ 3 はパラメータもシャーディングします。ステージ 1 と 2 は DDP のオールリデュースを 2つに分けたものです。リデュース・スキャッターし、1つのスライスを更新し、オールギャザーします。送るバイト数もパラメータも同じです（ここでは DDP と比べて証明しました）。
-# - FSDP2 は、ブロックごととルートの `fully_shard` です。パラメータは 0次元目でシャーディングされた DTensor になり、各ランクはパラメータ、勾配、オプティマイザの状態の 1/N（とパディング）を持ち、各ブロックは計算するときに集められます。`reshard_after_forward` でメモリと 2回目のオールギャザーを交換でき、`MixedPrecisionPolicy` は集めるバイト数を半分にします。訓練は 1個のプロセスとまったく同じように進みます。
+# - ZeRO はこれをシャーディングします。ステージ 1 はオプティマイザの状態、ステージ 2 は勾配も、ステージ 3 はパラメータもシャーディングします。この章のシャーディングしたステップは、DDP のオールリデュースを 2つに分けたものです。リデュース・スキャッターし、1つのスライスを更新し、オールギャザーします。送るバイト数もパラメータも同じで（ここでは DDP と比べて証明しました）、オプティマイザの状態は 1/N です。ただし最初に完全な勾配をフラットなバッファにコピーするので、シャーディングしているのはオプティマイザのステップで、勾配のメモリではありません。本当の ZeRO-2 は、逆伝播の途中でバケットごとにリデュース・スキャッターします。
+# - FSDP2 は、ブロックごととルートの `fully_shard` です。パラメータは 0次元目でシャーディングされた DTensor になり、各ランクはパラメータ、勾配、オプティマイザの状態の 1/N（とパディング）を持ち、各ブロックは計算の直前に集められます。`reshard_after_forward` でメモリと 2回目のオールギャザーを交換でき、`MixedPrecisionPolicy` は集めるバイト数を半分にします。訓練は 1個のプロセスとまったく同じように進みます。
 # - 活性化の再計算は各ブロックの入力だけを残し、残りは逆伝播の中で計算し直します。
 # - DCP は全ランクのシャードを並行して保存し、読み込むときに再シャーディングします（ランク 2個 → ランク 4個 → 1個のプロセス）。一時フォルダに保存し、名前を変えてから `latest` でそれを指せば、強制終了された保存が完了したものと取り違えられることはありません。
 #

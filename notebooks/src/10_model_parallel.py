@@ -181,13 +181,13 @@ print(inspect.getsource(tensor_parallel._Reduce))
 # It compares the outputs, the gradient of the input and the gradient of every parameter, gathered from the
 # ranks with `gather_full`, in float64.
 # <!-- ja -->
-# これらをかけるのが関数 `copy_to_parallel(x)`（`f`）と `reduce_from_parallel(x)`（`g`）です。その上に、2種類の層があります。どちらも、どのランクでも同じ完全な `nn.Linear` から作ります。`ColumnParallelLinear` は重みのうちこのランクの行を持ち、入力に `f` をかけます。`RowParallelLinear` はこのランクの列を持ち、出力に `g` をかけてからバイアスを足します。`split_mlp(mlp)` は `mparlib.vit.MLP` の `fc1` と `fc2` をこれらに置き換え、ブロック自身の `forward` はそのまま使います。
+# これらを適用するのが関数 `copy_to_parallel(x)`（`f`）と `reduce_from_parallel(x)`（`g`）です。その上に、2種類の層があります。どちらも、どのランクでも同じ完全な `nn.Linear` から作ります。`ColumnParallelLinear` は重みのうちこのランクの行を持ち、入力に `f` を適用します。`RowParallelLinear` はこのランクの列を持ち、出力に `g` を適用してからバイアスを足します。`split_mlp(mlp)` は `mparlib.vit.MLP` の `fc1` と `fc2` をこれらに置き換え、ブロック自身の `forward` はそのまま使います。
 #
-# `split_attention(attention)` は `mparlib.vit.Attention` に同じことをヘッド単位で行います。ヘッド `h` はクエリ、キー、バリューの特徴 `h*d` から `(h+1)*d` を読みます（`d = dim / heads`）。そのため `q`、`k`、`v` を列で分けると、各ランクはヘッドを丸ごと受け持ち、他のランクと通信せずに計算できます。`out` は行で分け、各ヘッドの寄与を足し合わせます。ブロックの `forward` は `self.heads` で形を変えるので、分割したブロックでは `heads` をローカルなヘッド数 `heads / n` にします。
+# `split_attention(attention)` は `mparlib.vit.Attention` に同じことをヘッド単位で行います。ヘッド `h` はクエリ、キー、バリューの特徴 `h*d` から `(h+1)*d` を読みます（`d = dim / heads`）。そのため `q`、`k`、`v` を列で分けると、各ランクはヘッドを丸ごと受け持ち、他のランクと通信せずに計算できます。`out` は行で分け、各ヘッドの寄与を足し合わせます。ブロックの `forward` は `self.heads` を使って形状を変えるので、分割したブロックでは `heads` をローカルなヘッド数 `heads / n` にします。
 #
 # 通信は何回になるはずでしょうか。順伝播では `g` 1つにつき 1回、逆伝播では `f` 1つにつき 1回のオールリデュースです。MLP にはそれぞれ 1つずつあります。アテンションのブロックでは `g` は 1つ（`out` の中）ですが、入力を読む射影が 3つあり、それぞれが自分の `f` を持つので、逆伝播のオールリデュースは 3回です（Megatron-LM は `q`、`k`、`v` を 1つの行列にまとめるので 1回で済みます。練習問題を見てください）。`expected_all_reduces` は、分割したブロックの演算子を数えます。
 #
-# 次のワーカーは、どのランクでも同じシードから完全なブロックを作り、まず分割せずに計算して基準にします。次に分割したブロックを、PyTorch の `CommDebugMode` の中で計算します。`CommDebugMode` は、有効な間に発行された集団通信（collective）をすべて数えます。出力、入力の勾配、そして `gather_full` で各ランクから集めたすべてのパラメータの勾配を、float64 で比べます。
+# 次のワーカーは、どのランクでも同じシードから完全なブロックを作り、まず分割せずに計算して基準にします。次に分割したブロックを、PyTorch の `CommDebugMode` の中で計算します。`CommDebugMode` は、有効な間に発行された集合通信（collective communication）をすべて数えます。出力、入力の勾配、そして `gather_full` で各ランクから集めたすべてのパラメータの勾配を、float64 で比べます。
 
 # %%
 # %%worker tp_workers
@@ -286,7 +286,7 @@ def compare_split():
 #
 # `redistribute` は配置を変え、そのために必要な通信だけを行います。`CommDebugMode` でそれが見えます。シャードを集めるのはオールギャザー（all-gather）、保留中の和を実行するのはオールリデュース（`g` の順伝播）、足し合わせると同時に切り分けるのはリデュース・スキャッター（reduce-scatter）、複製されたテンソルから 1片を取り出すのは通信なしです。
 #
-# `parallelize_module(module, mesh, plan)` は、サブモジュールの名前を並べた計画（plan）を適用します。`ColwiseParallel()` は線形層の重みを `Shard(0)`（`W` の行、つまり出力の特徴）に、`RowwiseParallel()` は `Shard(1)`（入力の特徴）にし、2つを組み合わせたときに `f ... g` の形になるよう入力と出力の配置を整えます。アテンションのブロックでは、ここでも `heads` をローカルなヘッド数にする必要があります。`DTensor` はブロック自身の計算の中身までは変えないからです。
+# `parallelize_module(module, mesh, plan)` は、サブモジュールの名前を並べたプラン（plan）を適用します。`ColwiseParallel()` は線形層の重みを `Shard(0)`（`W` の行、つまり出力の特徴）に、`RowwiseParallel()` は `Shard(1)`（入力の特徴）にし、2つを組み合わせたときに `f ... g` の形になるよう入力と出力の配置を整えます。アテンションのブロックでは、ここでも `heads` をローカルなヘッド数にする必要があります。`DTensor` はブロック自身の計算の中身までは変えないからです。
 
 # %%
 # %%worker dtensor_workers
@@ -495,8 +495,10 @@ assert dtensor_reports[2]["MLP"]["placements"] == {
 #   micro-batch's backward pass as early as possible and then alternates, so a rank holds the activations of at most
 #   `p` micro-batches instead of `m`. It needs at least as many micro-batches as stages.
 # - `schedule.step(x)` on the first rank, `schedule.step(target=y, losses=...)` on the last and `schedule.step()` in
-#   between run one training step; the gradients are averaged over the micro-batches, so an optimizer step
-#   afterwards equals one step on the whole batch.
+#   between run one training step; the gradients are averaged over the micro-batches, so an optimizer step afterwards
+#   equals one step on the whole batch. The averaging is the schedules' `scale_grads=True` default, which
+#   `torch.distributed.pipelining` introduced in early 2025; older releases sum the micro-batches' gradients, and code
+#   written for them divides the loss by `m` itself.
 #
 # The stage module is a slice of the ViT. It ends with `.contiguous()`: gloo sends only tensors that are dense in
 # memory, and the tokens that leave the patch embedding are a transposed view.
@@ -507,9 +509,9 @@ assert dtensor_reports[2]["MLP"]["placements"] == {
 #
 # `torch.distributed.pipelining` が部品を提供します。
 #
-# - `PipelineStage(module, stage_index, num_stages, device)` は 1つのステージのモジュールを包み、送信と受信を受け持ちます（`pipeline(model, mb_args, split_spec)` を使えば、モデルをトレースして自動で切ることもできます。後で試します）。
+# - `PipelineStage(module, stage_index, num_stages, device)` は 1つのステージのモジュールをラップし、送信と受信を受け持ちます（`pipeline(model, mb_args, split_spec)` を使えば、モデルをトレースして自動で切ることもできます。後で試します）。
 # - **スケジュール**が作業の順序を決めます。`ScheduleGPipe` は `m` 個のマイクロバッチの順伝播をすべて済ませてから、逆伝播をすべて行います。4章で説明したとおりです。`Schedule1F1B`（「順伝播 1回、逆伝播 1回」）は、各マイクロバッチの逆伝播をできるだけ早く始め、その後は順伝播と逆伝播を交互に行います。そのためランクが保持する活性化は、`m` 個ではなく高々 `p` 個のマイクロバッチ分で済みます。マイクロバッチはステージと同じ数以上必要です。
-# - 最初のランクで `schedule.step(x)`、最後のランクで `schedule.step(target=y, losses=...)`、その間のランクで `schedule.step()` を呼ぶと、訓練の 1ステップが進みます。勾配はマイクロバッチについて平均されるので、その後のオプティマイザのステップは、バッチ全体での 1ステップと同じになります。
+# - 最初のランクで `schedule.step(x)`、最後のランクで `schedule.step(target=y, losses=...)`、その間のランクで `schedule.step()` を呼ぶと、訓練の 1ステップが進みます。勾配はマイクロバッチについて平均されるので、その後のオプティマイザのステップは、バッチ全体での 1ステップと同じになります。この平均は、スケジュールの `scale_grads=True` という既定値によるもので、`torch.distributed.pipelining` に 2025年の初めに入りました。それより前のリリースはマイクロバッチの勾配を足し合わせるだけなので、そうしたリリース向けのコードは損失を自分で `m` で割っています。
 #
 # ステージのモジュールは ViT の一部を切り出したものです。最後に `.contiguous()` を呼んでいます。gloo が送れるのはメモリ上で連続したテンソルだけで、パッチ埋め込みから出てくるトークンは転置したビューだからです。
 
@@ -707,7 +709,7 @@ print(tr("pipelines on 2 and 4 processes, GPipe and 1F1B, = one process: losses 
 #
 # ## バブルの測定
 #
-# パイプラインはどれだけの時間を失うのでしょうか。4章では時刻の数を数えました。計算量の等しい `p` 個のステージと `m` 個のマイクロバッチでは、各ランクは 1ステップのうち `(p - 1) / (m + p - 1)` の割合だけ遊んでいます。これが**バブル**です。ここではそれを測ります。`mparlib.pipeline.StageTimes` は `PipelineStage` を包み、スケジュールがマイクロバッチごとに呼ぶ `forward_one_chunk` と `backward_one_chunk` が、自分の開始と終了の時刻を記録するようにします。1台のマシンではすべてのプロセスが同じ時計を読むので、全ランクの記録を並べて比べられます。バブルは遊んでいた割合で、忙しかった区間の合計を「p x ステップの長さ」で割り、1 から引いた値です（`bubble_fraction`）。これを式の値（`bubble_formula`）と並べます。メッセージを待っている時間も遊びに数えます。
+# パイプラインはどれだけの時間を失うのでしょうか。4章では時刻の数を数えました。計算量の等しい `p` 個のステージと `m` 個のマイクロバッチでは、各ランクは 1ステップのうち `(p - 1) / (m + p - 1)` の割合だけ遊んでいます。これが**バブル**です。ここではそれを測ります。`mparlib.pipeline.StageTimes` は `PipelineStage` をラップし、スケジュールがマイクロバッチごとに呼ぶ `forward_one_chunk` と `backward_one_chunk` が、自分の開始と終了の時刻を記録するようにします。1台のマシンではすべてのプロセスが同じ時計を読むので、全ランクの記録を並べて比べられます。バブルは遊んでいた割合で、忙しかった区間の合計を「p x ステップの長さ」で割り、1 から引いた値です（`bubble_fraction`）。これを式の値（`bubble_formula`）と並べます。メッセージを待っている時間も遊びに数えます。
 #
 # 式が当てはまるには、ステージの計算量がそろっている必要があります。そのため実験（`mparlib.pipeline.measure_bubble`）では、最初と最後のステージに余分な層が付く ViT は使いません。どのステージも `Linear(512, 512)` と tanh を同じだけ積んだもの（`uniform_stage`）で、マイクロバッチは `m` によらず常に 32行です。こうすると、1つの区間の仕事量がどの実行でも同じになります。
 
@@ -796,13 +798,17 @@ plt.show()
 # <!-- en -->
 # What to expect from the numbers:
 #
-# - The formula counts computation only. The measured bubble is larger, and the gap grows with `m`: every
-#   micro-batch adds messages between the stages and work of the schedule itself, idle time the formula does not
-#   count. The smaller the stages, the more these fixed costs weigh; this chapter's stages are small so that it
-#   runs quickly. `benchmarks/pipeline.py` uses larger ones (8 layers of width 1024, 64 rows per micro-batch) and
-#   measured on a quiet 2-core machine, for `m` = 4 and 8, GPipe 0.265 and 0.178 and 1F1B 0.232 and 0.137, against
-#   the formula's 0.200 and 0.111. With devices that compute much faster than their links carry, the gap can be
-#   larger still; the GPipe paper reports the bubble to be negligible once `m >= 4p` on its hardware.
+# - The formula counts computation only. The measured bubble is larger, and the gap grows with `m` (the table above):
+#   every micro-batch adds messages between the stages and work of the schedule itself, a fixed cost per micro-batch
+#   that the formula does not count, while the formula's bubble shrinks towards zero. The smaller the stages, the more
+#   these fixed costs weigh; this chapter's stages are small so that it runs quickly. `benchmarks/pipeline.py` uses
+#   larger ones (8 layers of width 1024, 64 rows per micro-batch). Its saved run on the course's 2-core machine
+#   (`benchmarks/results/pipeline-*.json`, which records load averages of 1.1 to 1.8 at the start: the machine was not
+#   idle) measured, for `m` = 4 and 8, GPipe 0.265 and 0.178 and 1F1B 0.232 and 0.137, against the formula's 0.200 and
+#   0.111, and only 1F1B at `m` = 4 met the goal of coming within 20% of the formula. With devices that compute much
+#   faster than their links carry, the gap can be larger still. The GPipe paper reports the bubble to be negligible
+#   once `m >= 4p` on its hardware, where a micro-batch's computation dwarfs such fixed costs; in this chapter's run,
+#   `m = 4p` still left a measured bubble well above the formula's.
 # - In the formula GPipe and 1F1B have the same bubble: 1F1B saves memory, not time. The difference between the
 #   two measured rows comes from the costs the formula leaves out. Schedules that cut the bubble itself split
 #   each rank's layers into several smaller stages (interleaved 1F1B, `ScheduleInterleaved1F1B`) or the backward
@@ -814,7 +820,7 @@ plt.show()
 # <!-- ja -->
 # 数値から読み取れることは次のとおりです。
 #
-# - 式が数えるのは計算だけです。測ったバブルは式より大きく、その差は `m` とともに広がります。マイクロバッチが 1つ増えるごとに、ステージ間のメッセージとスケジュール自身の処理が増え、式が数えない遊びの時間になるからです。ステージが小さいほど、この決まった費用の比重は大きくなります。この章のステージは、すぐに実行が終わるよう小さくしてあります。`benchmarks/pipeline.py` はもっと大きなステージ（幅 1024 の層を 8つ、マイクロバッチあたり 64行）を使い、静かな CPU 2コアのマシンで `m` = 4 と 8 のとき、GPipe で 0.265 と 0.178、1F1B で 0.232 と 0.137 を測りました。式の値は 0.200 と 0.111 です。回線が運ぶ速さに比べてデバイスの計算がずっと速ければ、差はさらに広がることがあります。GPipe の論文は、その論文のハードウェアでは `m >= 4p` ならバブルは無視できると報告しています。
+# - 式が数えるのは計算だけです。測ったバブルは式より大きく、その差は `m` とともに広がります（上の表）。マイクロバッチが 1つ増えるごとに、ステージ間のメッセージとスケジュール自身の処理が増えます。これはマイクロバッチごとにかかる決まった費用で、式には入っていません。一方、式のバブルは `m` を増やすほど 0 に近づきます。ステージが小さいほど、この決まった費用の比重は大きくなります。この章のステージは、すぐに実行が終わるよう小さくしてあります。`benchmarks/pipeline.py` はもっと大きなステージ（幅 1024 の層を 8つ、マイクロバッチあたり 64行）を使います。その結果は `benchmarks/results/pipeline-*.json` に保存してあります（このコースの CPU 2コアのマシンで測ったもので、開始時のロードアベレージは 1.1〜1.8 と、マシンは空いていませんでした）。`m` = 4 と 8 のとき、GPipe で 0.265 と 0.178、1F1B で 0.232 と 0.137 でした。式の値は 0.200 と 0.111 で、式の 20% 以内という目標に入ったのは 1F1B の `m` = 4 だけです。リンクが運ぶ速さに比べてデバイスの計算がずっと速ければ、差はさらに広がることがあります。GPipe の論文は、その論文のハードウェアでは `m >= 4p` ならバブルは無視できると報告しています。そこではマイクロバッチ 1つの計算が、こうした決まった費用よりはるかに大きいからです。この章の実行では、`m = 4p` でも、測ったバブルは式の値を大きく上回りました。
 # - 式の上では GPipe と 1F1B のバブルは同じです。1F1B が節約するのはメモリで、時間ではありません。測った 2つの行の違いは、式が数えない費用から来ています。バブルそのものを減らすスケジュールは、各ランクの層をさらに小さな複数のステージに分けたり（インターリーブ 1F1B、`ScheduleInterleaved1F1B`）、逆伝播を 2つの部分に分けたり（ゼロバブルのスケジュール）します。
 # - マイクロバッチを増やすとバブルは縮みますが、1つ 1つが小さくなります。GPU では小さなマイクロバッチはデバイスを十分に使えません。実際のパイプラインが大きな全体のバッチサイズを使うのはこのためです。
 # - プロセスの数よりコアが少ないマシンでは、プロセスが交代でコアを使います。ステージについての式は、このことを知りません。
@@ -836,9 +842,9 @@ plt.show()
 # <!-- ja -->
 # ## 2次元並列: 一方の次元でシャーディング、もう一方でテンソル並列
 #
-# 大規模な訓練では、これらの形を組み合わせます。4個のプロセスを、名前の付いた次元を持つ 2 x 2 の**デバイスメッシュ**に並べます。`init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))` はランクを `[[0, 1], [2, 3]]` の格子に並べます。`"tp"` の向き（ランク 0 と 1、ランク 2 と 3）では各ブロックをテンソル並列で分け、`"dp"` の向き（ランク 0 と 2、ランク 1 と 3）ではモデルを FSDP（`fully_shard`、9章）でシャーディングし、それぞれの組がバッチの半分ずつを受け持ちます。するとパラメータはメッシュの次元ごとに 1つ、計 2つの配置を持ちます。`"dp"` の向きに FSDP で 1回、`"tp"` の向きにテンソル並列でもう 1回切られるので、各ランクが保存するのは各ブロックのおよそ 4分の 1 です。
+# 大規模な訓練では、これらの方式を組み合わせます。4個のプロセスを、名前の付いた次元を持つ 2 x 2 の**デバイスメッシュ**に並べます。`init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))` はランクを `[[0, 1], [2, 3]]` の格子に並べます。`"tp"` の向き（ランク 0 と 1、ランク 2 と 3）では各ブロックをテンソル並列で分け、`"dp"` の向き（ランク 0 と 2、ランク 1 と 3）ではモデルを FSDP（`fully_shard`、9章）でシャーディングし、それぞれの組がバッチの半分ずつを受け持ちます。するとパラメータはメッシュの次元ごとに 1つ、計 2つの配置を持ちます。`"dp"` の向きに FSDP で 1回、`"tp"` の向きにテンソル並列でもう 1回切られるので、各ランクが保存するのは各ブロックのおよそ 4分の 1 です。
 #
-# ふつうは、テンソル並列を最も速い接続（1台のマシンの中の GPU どうし。NVLink で通信します）に割り当てます。ブロックごとに通信するからです。シャーディングやデータ並列は、層ごとやステップごとにしか通信しないので、マシンの間に割り当てます。
+# ふつうは、テンソル並列を最も速いリンク（1台のマシンの中の GPU どうし。NVLink で通信します）に割り当てます。ブロックごとに通信するからです。シャーディングやデータ並列は、層ごとやステップごとにしか通信しないので、マシンの間に割り当てます。
 
 # %%
 # %%worker twod_workers
@@ -974,29 +980,30 @@ print(tr(f"whole chapter so far: {time.perf_counter() - CHAPTER_START:.0f} s",
 # | form | what each device holds | what it sends | pays off when | published figures |
 # |---|---|---|---|---|
 # | data parallel (DDP, chapter 6) | the whole model, gradients and optimizer state | one all-reduce of all gradients per step, overlapped with the backward pass | the model fits on one device and you want more samples per second | Transformers' docs: GPT-2 on 2 TITAN RTX, 200 steps: `DataParallel` 110 s, DDP 101 s, DDP without NVLink 131 s |
-# | sharded data parallel (FSDP / ZeRO, chapter 9) | 1/N of parameters, gradients and optimizer state, plus one layer at a time in full | all-gathers of parameters (forward and backward) and reduce-scatters of gradients: 1.5 x DDP's traffic for full sharding, by the ZeRO paper's count | the model's training state does not fit, but one layer does | Ultra-Scale Playbook: 16 bytes per parameter with Adam in mixed precision (7B: 112 GB); 8B at data-parallel size 8: optimizer state 60 GB -> 7.5 GB with ZeRO-1, gradients 15 -> 1.875 GB with ZeRO-2, parameters 15 -> 1.875 GB with ZeRO-3. PyTorch's ZeRO recipe, 2 ranks: peak 1697 MB -> 1361 MB |
+# | sharded data parallel (FSDP / ZeRO, chapter 9) | 1/N of parameters, gradients and optimizer state, plus in full the layer that computes and the next one, prefetched | all-gathers of parameters (forward and backward) and reduce-scatters of gradients: 1.5 x DDP's traffic for full sharding, by the ZeRO paper's count | the model's training state does not fit, but a few layers do | *Ultra-Scale Playbook*: 16 bytes per parameter with Adam in mixed precision (1B: 16 GB, 7B: 112 GB, 70B: 1120 GB; its interactive 8B figure does not follow this arithmetic, chapter 9). PyTorch's ZeRO recipe, 2 ranks: peak 1697 MB -> 1361 MB |
 # | tensor parallel (this chapter) | 1/N of every layer's weights and of the activations inside a block | all-reduces of activations inside every block, on the critical path | layers are too big or too slow for one device and the devices have fast links (one machine) | Megatron-LM: two all-reduces forward and two backward per transformer layer, with `q`, `k`, `v` fused; kept within the 8 GPUs of one server |
-# | pipeline parallel (this chapter) | 1/N of the layers; activations of up to `m` (GPipe) or `p` (1F1B) micro-batches | one activation per micro-batch and boundary, point to point | the model is deep, links are slow (across machines), the global batch is large enough for `m >= 4p` | GPipe: bubble `(p - 1) / (m + p - 1)`, negligible for `m >= 4p` |
-# | 2D / 3D (this chapter) | the product of the splits | each form on its own mesh dimension | the largest models: TP inside a machine, PP and FSDP/DP across machines | Bekman, Machine Learning Engineering: all-reduce bus bandwidth of one 8 x H200 node about 482 GB/s; d2l: 160 MB of gradients in a ring over 8 V100s in about 6 ms |
+# | pipeline parallel (this chapter) | 1/N of the layers; activations of up to `m` (GPipe) or `p` (1F1B) micro-batches | one activation per micro-batch and boundary, point to point | the model is deep, links are slow (across machines), and a micro-batch's computation is large next to the fixed cost of its messages, so that more micro-batches shrink the bubble | GPipe: bubble `(p - 1) / (m + p - 1)` counting computation only, negligible for `m >= 4p` on its hardware; this chapter measured a larger bubble, further from the formula as `m` grows (the bubble table) |
+# | 2D / 3D (this chapter) | the product of the splits | each form on its own mesh dimension | the largest models: TP inside a machine, PP and FSDP/DP across machines | Bekman, *Machine Learning Engineering*: all-reduce bus bandwidth of one 8 x H200 node about 482 GB/s, with NCCL's in-switch reduction (NVLS), not a ring (chapter 8); d2l: 160 MB of gradients in a ring over 8 V100s in about 6 ms |
 #
 # A rule of thumb in that order: use data parallelism while the model fits; shard when its training state does
 # not; add tensor parallelism when single layers are too large or a batch per device too small to keep a device
 # busy, but only over fast links; add a pipeline when you must cross slow links or the model is very deep. Each
 # step trades memory for communication, and the measurements above tell you what the communication costs on your
-# hardware: on the 2-core machine this course was written on, an all-reduce over gloo and loopback reached about
-# 1 GB/s of bus bandwidth (chapter 8 measures yours), and an 8-GPU node moves hundreds of times more.
+# hardware: on the 2-core machine this course was written on, an all-reduce over gloo and loopback reached 1 to 2 GB/s
+# of bus bandwidth for large messages (chapter 8 measures yours; `benchmarks/results/collectives-*.json` holds the
+# course machine's), and an 8-GPU node moves hundreds of times more.
 # <!-- ja -->
 # 残りは、これまでの章で手元のマシンを使って測りました。5章は GPU 全体での `DataParallel` の速度、6章は `DataParallel` と DDP の比較、7章は 1つのデバイスがルーフラインにどこまで近づくか、8章はオールリデュースのバス帯域幅、9章はシャーディングでのランクあたりのメモリです。公表されている数値と合わせてまとめます。
 #
-# | 形 | 各デバイスが持つもの | 送るもの | 得をするとき | 公表されている数値 |
+# | 方式 | 各デバイスが持つもの | 送るもの | 得をするとき | 公表されている数値 |
 # |---|---|---|---|---|
 # | データ並列（DDP、6章） | モデル全体、勾配、オプティマイザの状態 | ステップごとに全勾配のオールリデュース 1回。逆伝播と重ねて行う | モデルが 1つのデバイスに収まり、1秒あたりのサンプル数を増やしたいとき | Transformers のドキュメント: TITAN RTX 2枚で GPT-2、200ステップ: `DataParallel` 110秒、DDP 101秒、NVLink なしの DDP 131秒 |
-# | シャーディングしたデータ並列（FSDP / ZeRO、9章） | パラメータ、勾配、オプティマイザの状態の 1/N と、その時点の 1層分の完全なパラメータ | パラメータのオールギャザー（順伝播と逆伝播）と勾配のリデュース・スキャッター。ZeRO の論文の計算では、完全なシャーディングで DDP の 1.5倍の通信量 | 訓練の状態は収まらないが、1層分なら収まるとき | Ultra-Scale Playbook: 混合精度で Adam を使うとパラメータ 1つあたり 16バイト（7B で 112 GB）。8B をデータ並列 8 で: オプティマイザの状態 60 GB → ZeRO-1 で 7.5 GB、勾配 15 → ZeRO-2 で 1.875 GB、パラメータ 15 → ZeRO-3 で 1.875 GB。PyTorch の ZeRO のレシピ、ランク 2個: ピーク 1697 MB → 1361 MB |
-# | テンソル並列（この章） | すべての層の重みと、ブロック内の活性化の 1/N | ブロックごとに活性化のオールリデュース。計算の途中に入る | 層が 1つのデバイスには大きすぎるか遅すぎ、デバイス間の接続が速い（1台のマシンの中）とき | Megatron-LM: `q`、`k`、`v` をまとめた場合、Transformer の層 1つにつき順伝播で 2回、逆伝播で 2回のオールリデュース。1台のサーバーの GPU 8枚の中で使う |
-# | パイプライン並列（この章） | 層の 1/N。活性化は最大 `m` 個（GPipe）または `p` 個（1F1B）のマイクロバッチ分 | 境界とマイクロバッチごとに活性化 1つを 1対1通信で隣のランクへ送る | モデルが深く、接続が遅く（マシンの間）、`m >= 4p` にできるほど全体のバッチサイズが大きいとき | GPipe: バブルは `(p - 1) / (m + p - 1)`、`m >= 4p` なら無視できる |
-# | 2次元 / 3次元並列（この章） | それぞれの分割の積 | 各形がメッシュの自分の次元で通信する | 最大級のモデル: マシンの中でテンソル並列、マシンの間でパイプライン並列と FSDP / データ並列 | Bekman『Machine Learning Engineering』: H200 8枚のノード 1台のオールリデュースのバス帯域幅は最大約 482 GB/s。d2l: V100 8枚のリングで 160 MB の勾配を約 6 ms で同期 |
+# | シャーディングしたデータ並列（FSDP / ZeRO、9章） | パラメータ、勾配、オプティマイザの状態の 1/N と、計算中の層と先読みした次の層の完全なパラメータ | パラメータのオールギャザー（順伝播と逆伝播）と勾配のリデュース・スキャッター。ZeRO の論文の計算では、完全なシャーディングで DDP の 1.5倍の通信量 | 訓練の状態は収まらないが、数層分なら収まるとき | 『Ultra-Scale Playbook』: 混合精度で Adam を使うとパラメータ 1つあたり 16バイト（1B で 16 GB、7B で 112 GB、70B で 1120 GB。8B の対話的な図はこの計算と合いません。9章を参照）。PyTorch の ZeRO のレシピ、ランク 2個: ピーク 1697 MB → 1361 MB |
+# | テンソル並列（この章） | すべての層の重みと、ブロック内の活性化の 1/N | ブロックごとに活性化のオールリデュース。計算の途中に入る | 層が 1つのデバイスには大きすぎるか遅すぎ、デバイス間のリンクが速い（1台のマシンの中）とき | Megatron-LM: `q`、`k`、`v` をまとめた場合、Transformer の層 1つにつき順伝播で 2回、逆伝播で 2回のオールリデュース。1台のサーバーの GPU 8枚の中で使う |
+# | パイプライン並列（この章） | 層の 1/N。活性化は最大 `m` 個（GPipe）または `p` 個（1F1B）のマイクロバッチ分 | 境界とマイクロバッチごとに活性化 1つを 1対1通信で隣のランクへ送る | モデルが深く、リンクが遅く（マシンの間）、マイクロバッチ 1つの計算がその通信の決まった費用より十分に大きいので、マイクロバッチを増やすとバブルが縮むとき | GPipe: 計算だけを数えたバブルは `(p - 1) / (m + p - 1)`、その論文のハードウェアでは `m >= 4p` なら無視できる。この章で測ったバブルはこれより大きく、`m` が増えるほど式との差が広がった（バブルの表） |
+# | 2次元 / 3次元並列（この章） | それぞれの分割の積 | 各方式がメッシュの自分の次元で通信する | 最大級のモデル: マシンの中でテンソル並列、マシンの間でパイプライン並列と FSDP / データ並列 | Bekman『Machine Learning Engineering』: H200 8枚のノード 1台のオールリデュースのバス帯域幅は最大約 482 GB/s（リングではなく、NCCL のスイッチ内での足し算 NVLS による値。8章）。d2l: V100 8枚のリングで 160 MB の勾配を約 6 ms で同期 |
 #
-# この順に考えるのが目安です。モデルが収まるうちはデータ並列を使います。訓練の状態が収まらなくなったらシャーディングします。1つの層が大きすぎるとき、あるいはデバイスあたりのバッチが小さすぎてデバイスを忙しくできないときは、テンソル並列を加えます。ただし速い接続の上だけです。遅い接続をまたぐ必要があるとき、またはモデルがとても深いときは、パイプラインを加えます。どの一歩も、メモリと引き換えに通信を増やします。その通信が手元のハードウェアでどれだけかかるかは、上の測定が教えてくれます。このコースを書いた 2コアのマシンでは、gloo とループバックでのオールリデュースのバス帯域幅は約 1 GB/s でした（8章で手元の値を測ります）。GPU 8枚のノードは、その数百倍を運びます。
+# この順に考えるのが目安です。モデルが収まるうちはデータ並列を使います。訓練の状態が収まらなくなったらシャーディングします。1つの層が大きすぎるとき、あるいはデバイスあたりのバッチが小さすぎてデバイスを忙しくできないときは、テンソル並列を加えます。ただし速いリンクの上だけです。遅いリンクをまたぐ必要があるとき、またはモデルがとても深いときは、パイプラインを加えます。どの一歩も、メモリと引き換えに通信を増やします。その通信が手元のハードウェアでどれだけかかるかは、上の測定が教えてくれます。このコースを書いた 2コアのマシンでは、gloo とループバックでのオールリデュースのバス帯域幅は、大きなメッセージで 1〜2 GB/s でした（8章で手元の値を測ります。このコースのマシンの値は `benchmarks/results/collectives-*.json` にあります）。GPU 8枚のノードは、その数百倍を運びます。
 
 # %% [markdown]
 # <!-- en -->
@@ -1011,7 +1018,9 @@ print(tr(f"whole chapter so far: {time.perf_counter() - CHAPTER_START:.0f} s",
 #   `parallelize_module` with `ColwiseParallel` / `RowwiseParallel` gives the same blocks with the same messages,
 #   as `CommDebugMode` shows.
 # - `torch.distributed.pipelining` runs stages in separate processes; GPipe and 1F1B compute the same steps as one
-#   process and have the same bubble, `(p - 1) / (m + p - 1)`; 1F1B holds fewer micro-batches' activations.
+#   process. The formula `(p - 1) / (m + p - 1)` gives both the same bubble, counting computation only; the measured
+#   bubble was larger, and further from the formula as `m` grew, because every micro-batch adds a fixed cost of
+#   messages and scheduling (the bubble table). 1F1B holds fewer micro-batches' activations.
 # - A 2D mesh combines FSDP along one dimension with tensor parallelism along the other, and still computes what
 #   one process computes.
 #
@@ -1036,12 +1045,12 @@ print(tr(f"whole chapter so far: {time.perf_counter() - CHAPTER_START:.0f} s",
 # - テンソル並列は、層の重みを出力の特徴で分ける（列並列）か、入力の特徴で分けます（行並列）。列並列の後に行並列を続けると、間に通信はいらず、最後に 1回の和で済みます。
 # - 互いに鏡像の 2つの演算子が逆伝播を正しくします。複製された入力が入る場所に `f`（順伝播は恒等写像、逆伝播はオールリデュース）、部分和が出ていく場所に `g`（順伝播はオールリデュース、逆伝播は恒等写像）を置きます。アテンションはヘッド単位で分け、ブロックのヘッド数をローカルな数にします。
 # - `DTensor` は `DeviceMesh` 上での各テンソルの配置を `Shard`、`Replicate`、`Partial` として記録します。`ColwiseParallel` / `RowwiseParallel` を使った `parallelize_module` は、同じブロックを同じ通信で作ります。`CommDebugMode` で確かめられます。
-# - `torch.distributed.pipelining` はステージを別々のプロセスで動かします。GPipe と 1F1B は 1個のプロセスと同じステップを計算し、バブルはどちらも `(p - 1) / (m + p - 1)` です。1F1B は保持する活性化が少なくて済みます。
+# - `torch.distributed.pipelining` はステージを別々のプロセスで動かします。GPipe と 1F1B は 1個のプロセスと同じステップを計算します。式 `(p - 1) / (m + p - 1)` は計算だけを数え、どちらのバブルも同じだとしますが、測ったバブルはそれより大きく、`m` が増えるほど式との差が広がりました。マイクロバッチごとに、通信とスケジュールの処理という決まった費用が加わるからです（バブルの表）。1F1B は保持する活性化が少なくて済みます。
 # - 2次元のメッシュでは、一方の次元の FSDP ともう一方の次元のテンソル並列を組み合わせられます。それでも計算するのは 1個のプロセスと同じものです。
 #
 # ## 練習問題
 #
-# 1. **3つの射影に `f` を 1つだけ。** `tp_workers` に、入力に `tensor_parallel.copy_to_parallel` を 1回だけかけてから、分割したアテンションのブロックを呼ぶモジュールを書いてください。そのブロックの `q`、`k`、`v` は `ColumnParallelLinear(..., copy_input=False)` で作ります。比較をもう一度起動してください。出力と勾配はまだ一致するでしょうか。逆伝播のオールリデュースは何回になったでしょうか。Megatron-LM が `qkv` を 1つの行列にまとめて得ているのは、この効果です。
+# 1. **3つの射影に `f` を 1つだけ。** `tp_workers` に、入力に `tensor_parallel.copy_to_parallel` を 1回だけ適用してから、分割したアテンションのブロックを呼ぶモジュールを書いてください。そのブロックの `q`、`k`、`v` は `ColumnParallelLinear(..., copy_input=False)` で作ります。比較をもう一度起動してください。出力と勾配はまだ一致するでしょうか。逆伝播のオールリデュースは何回になったでしょうか。Megatron-LM が `qkv` を 1つの行列にまとめて得ているのは、この効果です。
 # 2. **割り切れない分割。** `launch(compare_split, 3)` を呼んでください。どの検査が失敗し、メッセージは何を勧めているでしょうか。`MLP(64, 96)` を 3個のプロセスで分けるなら、MLP だけは動くでしょうか。
 # 3. **マイクロバッチを増やす。** `launch(pipeline.measure_bubble, 2, kwargs=dict(micro_batches=(2, 4, 8, 16), schedules=("1f1b",)))` を実行してください。手元のマシンでは、`m` がいくつのとき測ったバブルが式の 20% 以内に入るでしょうか。次に `micro_batch_size` を半分にしてください。一致の度合いはどう変わるでしょうか。それはなぜでしょうか。
-# 4. **メッシュの向きを入れ替える。** `train_2d` で、`"tp"` の向きにシャーディングし、`"dp"` の向きに分割してください（ワーカーの中の `dp` と `tp` を、バッチを半分に分けるところも含めて入れ替えます）。一致はまだ保たれるでしょうか。メッシュの 2つの行が 2台のマシンだったとしたら、今度はどの通信が遅い接続を渡ることになるでしょうか。
+# 4. **メッシュの向きを入れ替える。** `train_2d` で、`"tp"` の向きにシャーディングし、`"dp"` の向きに分割してください（ワーカーの中の `dp` と `tp` を、バッチを半分に分けるところも含めて入れ替えます）。一致はまだ保たれるでしょうか。メッシュの 2つの行が 2台のマシンだったとしたら、今度はどの通信が遅いリンクを渡ることになるでしょうか。
