@@ -260,7 +260,7 @@ assert all(rec["all_reduce"] == sums for rec in records)
 assert all(rec["reduce_scatter"] == [sums[r]] for r, rec in enumerate(records))
 assert all(rec["all_gather"] == [v for b in before for v in b[:2]] for rec in records)
 assert all(rec["all_to_all"] == [before[q][r] for q in range(k)] for r, rec in enumerate(records))
-print(tr("every collective did what its definition says", "すべての集団通信が定義どおりに動きました"))
+print(tr("every collective did what its definition says", "すべての集合通信が定義どおりに動きました"))
 
 # %% [markdown]
 # <!-- en -->

@@ -486,7 +486,7 @@ assert sum(h["optimizer"] for h in zero["ZeroRedundancyOptimizer"]["held"]) == s
 
 # %% tags=["nbval-ignore-output"]
 print(col(tr("method", "方式"), 25)
-      + col(tr("collectives of one step (calls x, bytes)", "1ステップの集団通信（回数、バイト数）"), 64)
+      + col(tr("collectives of one step (calls x, bytes)", "1ステップの集合通信（回数、バイト数）"), 64)
       + col(tr("ms per step", "ステップあたり ms"), 18, True))
 for name, r in zero.items():
     calls = ", ".join(f"{KINDS[kind]} {c['calls']}x {c['bytes']:,}" for kind, c in r["collectives"].items())
@@ -612,7 +612,7 @@ def train_steps(model, batches, lr):
             loss = nn.functional.cross_entropy(model(share(X)), share(y))
             loss.backward()
         optimizer.step()
-        if held is None:  # the moment a rank holds the most: parameters, gradients and optimizer state
+        if held is None:  # the bytes held after step 1: parameters, gradients and optimizer state
             held = sharding.held_bytes(model, optimizer)
             if device().type == "cuda":
                 held["cuda_max_allocated"] = torch.cuda.max_memory_allocated(device())
@@ -747,7 +747,7 @@ for r in (fsdp2, fsdp4):
     e = r["example"]
     print(tr(f"{r['world_size']} ranks: blocks.0.attn.q.weight is a {e['type']} of shape {tuple(e['shape'])}, "
              f"placements {e['placements']}; each rank stores {tuple(e['local_shape'])}",
-             f"ランク {r['world_size']}個: blocks.0.attn.q.weight は形 {tuple(e['shape'])} の "
+             f"ランク {r['world_size']}個: blocks.0.attn.q.weight は形状 {tuple(e['shape'])} の "
              f"{e['type']}、配置 {e['placements']}。各ランクが保存するのは {tuple(e['local_shape'])}"))
 
 # %% [markdown]
@@ -1222,7 +1222,7 @@ measured = [
     ("FSDP2 (ZeRO-3)", fsdp2["held"], total_bytes(fsdp2["collectives"]), f"{AG} x 2 + {RS}"),
 ]
 print(col(tr("method", "方式"), 37) + col(tr("held per rank", "1ランクが持つ量"), 16, True)
-      + col(tr("sent per step", "1ステップの通信"), 16, True) + "  " + tr("collectives", "集団通信"))
+      + col(tr("sent per step", "1ステップの通信"), 16, True) + "  " + tr("collectives", "集合通信"))
 for name, held, sent, kinds in measured:
     print(col(name, 37) + f"{max(sum(h[k] for k in parts) for h in held):>16,}{sent:>16,}  {kinds}")
 print(tr("(DDP's and ZeRO-1's traffic: an all-reduce counted as a reduce-scatter plus an all-gather of the model, "
