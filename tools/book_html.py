@@ -154,15 +154,21 @@ def add_policy(text, script_hashes=()):
     return text[:m.end()] + "\n" + meta + text[m.end():]
 
 
-def secure_book(folder):
+def secure_book(folder, pages=None):
     """Sanitize and add the policy to every mdBook page under ``folder`` (Pagefind's files aside).
 
-    Returns the number of pages. Raises ValueError naming a page that cannot be secured.
+    ``pages`` (paths relative to ``folder``, e.g. ``{"index.html", "01_x.html"}``) are the pages mdBook made; any
+    other HTML file is refused, so that no file a notebook brought in gets its scripts allow-listed. Returns the
+    number of pages. Raises ValueError naming a page that cannot be secured.
     """
     count = 0
     for path in sorted(Path(folder).rglob("*.html")):
-        if "pagefind" in path.relative_to(folder).parts:
+        rel = path.relative_to(folder)
+        if rel.parts[0] == "pagefind":
             continue
+        if pages is not None and rel.as_posix() not in pages:
+            raise ValueError(f"{path}: an HTML file that is not one of mdBook's pages; the book publishes no HTML "
+                             "file of a notebook's")
         text = path.read_text(encoding="utf-8")
         try:
             if path.name != "toc.html":  # the table of contents for readers without JavaScript has no content
@@ -191,10 +197,17 @@ def svg_problem(data):
     text = data.decode("utf-8", errors="replace")
     if "<!ENTITY" in text:
         return "it declares XML entities"
+    if re.search(r"<!DOCTYPE[^>]*\[", text, re.I):
+        return "its DOCTYPE has declarations of its own"
+    pi = re.search(r"<\?[^\s?>]*", re.sub(r"^\ufeff?<\?xml\s[^>]*\?>", "", text))  # the XML declaration aside
+    if pi:
+        return f"it has a processing instruction ({pi.group(0)[:40]!r}); one such as <?xml-stylesheet?> loads a file"
     try:
         root = ET.fromstring(data)
     except ET.ParseError as err:
         return f"it is not well-formed XML ({err})"
+    if str(root.tag).rsplit("}", 1)[-1] != "svg":
+        return f"its root element is <{str(root.tag).rsplit('}', 1)[-1]}>, not <svg>"
     for el in root.iter():
         name = str(el.tag).rsplit("}", 1)[-1].lower()
         if name in _SVG_ELEMENTS_REFUSED:
