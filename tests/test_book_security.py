@@ -281,3 +281,22 @@ def test_a_build_that_fails_late_leaves_the_last_site_whole(tmp_path, monkeypatc
     book.build(notebooks=nbdir, out=site, stage_dir=tmp_path / "stage", log=lambda *a: None)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notebooks", "site", "stage"]
     assert (site / "en" / "00_intro.html").is_file() and (site / book.OWNED).is_file()
+
+
+# --- mdBook's own directives cannot pull a file of the machine into a page ---------------------------------------
+
+def test_an_include_directive_in_a_notebook_publishes_no_file_of_the_machine(tmp_path):
+    secret = tmp_path / "secret.txt"
+    secret.write_text("TOP-SECRET-42\n")
+    nbdir = make_tiny_notebooks(tmp_path)
+    for lang in book.LANGS:
+        prose = nbformat.v4.new_markdown_cell(f"# Include\n\n{{{{#include {secret}}}}}\n\n"
+                                              "{{#include ../../../secret.txt}}")
+        code = nbformat.v4.new_code_cell("print(...)")
+        code.outputs = [nbformat.v4.new_output("stream", name="stdout", text=f"{{{{#include {secret}}}}}\n")]
+        notebook_file(nbdir / lang / "01_include.ipynb", [prose, code])
+    site = tmp_path / "site"
+    book.build(notebooks=nbdir, out=site, stage_dir=tmp_path / "stage", log=lambda *a: None)
+    for path in site.rglob("*"):
+        assert not path.is_file() or b"TOP-SECRET" not in path.read_bytes(), path
+    assert "{{#include" in (site / "en" / "01_include.html").read_text(encoding="utf-8"), "shown as written"

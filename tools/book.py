@@ -318,7 +318,8 @@ def _make_site(site, root, course, stage_dir, url, chapters, mdbook, log):
     for lang in LANGS:
         env = dict(os.environ, MDBOOK_BOOK__LANGUAGE=lang, MDBOOK_BOOK__TITLE=course[f"title-{lang}"],
                    MDBOOK_BOOK__SRC=str(stage_dir / lang), MDBOOK_BUILD__BUILD_DIR=str(site / lang),
-                   MDBOOK_OUTPUT__HTML__SITE_URL=f"{url}{lang}/", MDBOOK_PREPROCESSOR__MPARLIB__COMMAND=me)
+                   MDBOOK_OUTPUT__HTML__SITE_URL=f"{url}{lang}/", MDBOOK_PREPROCESSOR__MPARLIB__COMMAND=me,
+                   MDBOOK_BUILD__USE_DEFAULT_PREPROCESSORS="false")  # no {{#include}} of any file on disk
         jobs.append((f"{lang} book", [mdbook, "build", str(root)], env, root))
     t1 = time.perf_counter()
     logs = _run_all(jobs, "mdbook build")
