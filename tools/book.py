@@ -16,6 +16,10 @@ preprocessor (``book_preprocessor``) renders math to MathML, adds the bar on top
 (3) checks that mark, (4) passes every page's content through the allow-list sanitizer and gives it a
 Content-Security-Policy (``book_html``), and (5) indexes each book with Pagefind, whose search splits Japanese
 compound words. Nothing here imports torch or the course package.
+
+The site is built in ``.site.partial`` beside ``site/`` and put in its place once it is complete, so a failed
+build leaves the last site as it was. The build deletes only folders it made (they hold its mark file) and never
+one that holds files git tracks. mdBook's own preprocessors are off: a notebook's ``{{#include ...}}`` stays text.
 """
 import argparse
 import html

@@ -7,7 +7,9 @@ text, headings with their anchors, code blocks, tables, images (the book's own f
 the MathML that latex2mathml writes, the wrapper blocks of notebook outputs and the bar on top of every page.
 Scripts, event handlers, ``javascript:`` links, frames, forms, inline SVG and styles that could load anything are
 dropped. Then every page gets a Content-Security-Policy that allows only mdBook's own inline scripts (by hash),
-the book's own files and Pagefind's WebAssembly.
+the book's own files and Pagefind's WebAssembly; an HTML file that is not one of mdBook's pages stops the build
+instead of getting a policy for its scripts. SVG figures are published as files only when ``svg_problem`` finds
+nothing that runs, links or loads (processing instructions included).
 """
 import base64
 import functools
