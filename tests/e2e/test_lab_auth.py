@@ -89,12 +89,15 @@ def test_the_token_is_not_in_the_process_list_and_its_file_is_private(start_lab_
 
 
 def open_config():
-    """A password whose hash is that of "" (anyone who leaves the field empty logs in), and every origin allowed."""
+    """A password whose hash is that of "" (anyone who leaves the field empty logs in), and every origin allowed
+    (by pattern, and by headers added to every answer)."""
     from jupyter_server.auth.security import passwd
 
     empty = passwd("")
+    headers = {"Access-Control-Allow-Origin": "https://attacker.example", "Access-Control-Allow-Credentials": "true"}
     return {"PasswordIdentityProvider": {"hashed_password": empty},
-            "ServerApp": {"password": empty, "allow_origin_pat": ".*", "allow_credentials": True}}
+            "ServerApp": {"password": empty, "allow_origin_pat": ".*", "allow_credentials": True,
+                          "tornado_settings": {"headers": headers}}}
 
 
 def login(server, password):
