@@ -355,3 +355,93 @@ def test_prose_refuses_a_changed_code_cell_and_writes_neither_edition(tmp_path):
     with pytest.raises(builder.BuildError, match=r"code cells .* differ .* run `python tools/notebooks.py build"):
         builder.prose(["00_tiny"], src=src, out=out, repo=None)
     assert [(out / lang / "00_tiny.ipynb").read_bytes() for lang in builder.LANGS] == before
+
+
+# --- hostile or damaged input: a clear error or the right behaviour, never a traceback ----------------------------
+
+def test_a_chapter_name_that_leaves_the_notebooks_folder_is_refused(tmp_path, capsys):
+    with pytest.raises(SystemExit) as info:
+        builder.main(["write", "../../x", "--out", str(tmp_path)])
+    assert info.value.code == 2 and "no source for ['../../x']" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir()), "nothing was written"
+    src = source(tmp_path, "# %%\nx = 1\n", name="00_ok")
+    (tmp_path / "x.py").write_text("# %%\nx = 1\n", encoding="utf-8")  # a source outside notebooks/src ...
+    for name in ("../x", "00_ok/../../x", "/abs", ""):  # ... cannot be reached through a name
+        with pytest.raises(builder.SourceError, match="is not a chapter name"):
+            builder.build([name], run=False, src=src.parent, out=tmp_path / "out", repo=None)
+    assert not (tmp_path / "out").exists() and not list(tmp_path.glob("*.ipynb"))
+
+
+def test_an_unknown_language_marker_is_refused_with_its_line(tmp_path):
+    text = "# %% [markdown]\n# <!-- en -->\n# a\n# <!-- ja -->\n# b\n# <!-- fr -->\n# c\n"
+    message = error_of(tmp_path, text)
+    assert "00_tiny.py:6: an unknown language marker <!-- fr -->" in message
+
+
+@pytest.mark.parametrize("text", ["", "\n\n", "# %%\n\n"])
+def test_a_source_without_cells_is_refused(tmp_path, text):
+    assert "00_tiny.py: the source has no cells" in error_of(tmp_path, text)
+
+
+@pytest.mark.parametrize("data, expected", [
+    ("\ufeff# %%\nx = 1\n".encode("utf-8"), "00_tiny.py:1: the file starts with a byte-order mark (BOM)"),
+    ("# %%\nx = 'caf\xe9'\n".encode("latin-1"), "00_tiny.py:2: byte b'\\xe9' is not UTF-8"),
+    (b'# %% tags="a"\nx = 1\n', "00_tiny.py:1: cannot read the tags in '# %% tags=\"a\"'"),
+    (b'# %%\nx = 1\n# %% tags=[1]\nx = 1\n', "00_tiny.py:3: cannot read the tags in '# %% tags=[1]'"),
+    (b'# %% tags=[oops\nx = 1\n', "00_tiny.py:1: cannot read the cell options in '# %% tags=[oops'"),
+])
+def test_unreadable_sources_are_explained(tmp_path, data, expected):
+    path = tmp_path / "src" / "00_tiny.py"
+    path.parent.mkdir()
+    path.write_bytes(data)
+    with pytest.raises(builder.SourceError) as info:
+        builder.parse(path)
+    assert expected in str(info.value)
+
+
+@pytest.mark.parametrize("damage", ["{not json", '{"nbformat": 4}', "[]", ""])
+def test_a_damaged_stored_notebook_is_explained(tmp_path, damage):
+    src, out = _editions(tmp_path, MD.format(en="Words.", ja="文です。") + "\n# %%\nx = 1\n")
+    builder.build(["00_tiny"], run=False, src=src, out=out, repo=None)
+    (out / "ja" / "00_tiny.ipynb").write_text(damage, encoding="utf-8")
+    with pytest.raises(builder.BuildError, match=r"ja/00_tiny.ipynb cannot be read as a notebook .*"
+                                                 r"`python tools/notebooks.py build 00_tiny`"):
+        builder.prose(["00_tiny"], src=src, out=out, repo=None)
+    problems = builder.check(["00_tiny"], src=src, out=out, repo=None)
+    assert len(problems) == 1 and "cannot be read as a notebook" in problems[0]
+
+
+def test_prose_without_an_edit_writes_nothing_and_keeps_language_info(tmp_path, capsys):
+    src, out = _editions(tmp_path, MD.format(en="Words.", ja="文です。") + "\n# %%\nx = 1\n")
+    builder.build(["00_tiny"], run=False, src=src, out=out, repo=None)
+    info = {"name": "python", "version": "3.11.2", "mimetype": "text/x-python"}
+    for lang in builder.LANGS:  # as the kernel reports it when the notebook runs
+        path = out / lang / "00_tiny.ipynb"
+        nb = nbformat.read(path, as_version=4)
+        nb.metadata["language_info"] = info
+        builder.write(nb, path)
+    before = {lang: ((out / lang / "00_tiny.ipynb").read_bytes(), (out / lang / "00_tiny.ipynb").stat().st_mtime_ns)
+              for lang in builder.LANGS}
+    builder.prose(["00_tiny"], src=src, out=out, repo=None)
+    assert capsys.readouterr().out.count("unchanged") == 2
+    assert {lang: ((out / lang / "00_tiny.ipynb").read_bytes(), (out / lang / "00_tiny.ipynb").stat().st_mtime_ns)
+            for lang in builder.LANGS} == before
+    source(tmp_path, (MD.format(en="New words.", ja="新しい文です。") + "\n# %%\nx = 1\n"))
+    builder.prose(["00_tiny"], src=src, out=out, repo=None)
+    assert nbformat.read(out / "en" / "00_tiny.ipynb", as_version=4).metadata["language_info"] == info
+
+
+def test_a_killed_write_leaves_no_temporary_file_behind_the_next_write(tmp_path):
+    path = tmp_path / "00_tiny.ipynb"
+    nb = builder.notebook(builder.parse(source(tmp_path, "# %%\nx = 1\n")), "en", "00_tiny", repo=None)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True).stdout.strip()
+    killed = tmp_path / f".00_tiny.ipynb.{dead}.abc123.tmp"  # what a write killed mid-way leaves
+    older = tmp_path / ".00_tiny.ipynb.k2j4x9.tmp"  # the name earlier versions of the tool used
+    running = tmp_path / f".00_tiny.ipynb.{os.getppid()}.def456.tmp"  # a write in progress elsewhere
+    other = tmp_path / f".01_other.ipynb.{dead}.abc123.tmp"
+    for stale in (killed, older, running, other):
+        stale.write_text("half a notebook", encoding="utf-8")
+    assert builder.write(nb, path) is True
+    assert not killed.exists() and not older.exists()
+    assert running.exists() and other.exists(), "only this notebook's files of writes that are gone"

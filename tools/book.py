@@ -16,6 +16,10 @@ preprocessor (``book_preprocessor``) renders math to MathML, adds the bar on top
 (3) checks that mark, (4) passes every page's content through the allow-list sanitizer and gives it a
 Content-Security-Policy (``book_html``), and (5) indexes each book with Pagefind, whose search splits Japanese
 compound words. Nothing here imports torch or the course package.
+
+The site is built in ``.site.partial`` beside ``site/`` and put in its place once it is complete, so a failed
+build leaves the last site as it was. The build deletes only folders it made (they hold its mark file) and never
+one that holds files git tracks. mdBook's own preprocessors are off: a notebook's ``{{#include ...}}`` stays text.
 """
 import argparse
 import html
@@ -90,13 +94,37 @@ def normalize_site_url(value):
     return "/" + text.strip("/") + "/" if text.strip("/") else "/"
 
 
+def _tracked(path):
+    """Files under the folder ``path`` that git tracks (none when it is not in a git work tree)."""
+    try:
+        r = subprocess.run(["git", "-C", str(path), "ls-files", "-z", "."], capture_output=True, text=True,
+                           timeout=60)
+    except FileNotFoundError:
+        if any((p / ".git").exists() for p in (path, *path.parents)):
+            raise BookError(f"{path} is in a git repository, but git is not installed: install git, so that the "
+                            "build can make sure it deletes no tracked file.") from None
+        return []
+    if r.returncode != 0:
+        if "not a git repository" in r.stderr:
+            return []
+        raise BookError(f"cannot ask git which files under {path} it tracks: {r.stderr.strip()}")
+    return [name for name in r.stdout.split("\0") if name]
+
+
 def _check_owned(path, what):
-    """Refuse a path that is a file, or a folder with files this module did not make."""
+    """Refuse a path that is a file, or a folder with files this module did not make.
+
+    The mark file says the build made the folder; a folder that holds files git tracks is refused all the same
+    (a mark can be committed next to them)."""
     if path.exists() and not path.is_dir():
         raise BookError(f"{path} is a file, not a folder; move it away or choose another {what} folder.")
     if path.exists() and any(path.iterdir()) and not (path / OWNED).exists():
         raise BookError(f"{path} exists and was not made by the book build; move it away or choose another {what} "
                         "folder. Nothing was deleted.")
+    tracked = _tracked(path) if path.is_dir() else []
+    if tracked:
+        raise BookError(f"{path} holds files tracked by git (such as {tracked[0]}), so the book build will not "
+                        f"delete it; choose another {what} folder (book.toml: site, stage). Nothing was deleted.")
 
 
 def _owned_folder(path, what):
@@ -238,10 +266,16 @@ a.lang:hover {{ background: #f3f3f3; }}
 
 
 def _folders(root, course, notebooks, out, stage_dir):
-    """The notebook, site and stage folders; the last two may not overlap each other, the notebooks or the root."""
+    """The notebook, site and stage folders; the last two may not overlap each other, the notebooks or the root.
+
+    The notebooks of ``book.toml`` must lie inside the repository ``root``, links resolved."""
+    given = notebooks is not None
     notebooks = Path(notebooks or root / course.get("notebooks", "notebooks")).resolve()
     out = Path(out or root / course.get("site", "site")).resolve()
     stage_dir = Path(stage_dir or root / course.get("stage", "build/book")).resolve()
+    if not notebooks.is_relative_to(root) and not given:
+        raise BookError(f"the notebooks folder {notebooks} (book.toml: notebooks) lies outside the repository "
+                        f"{root}; the book publishes the course's own notebooks only.")
     pairs = [(out, stage_dir, "the site and the stage folder")]
     pairs += [(folder, notebooks / lang, f"the {what} folder and {notebooks / lang}") for lang in LANGS
               for folder, what in ((out, "site"), (stage_dir, "stage"))]
@@ -249,11 +283,73 @@ def _folders(root, course, notebooks, out, stage_dir):
         if a == b or a in b.parents or b in a.parents:
             raise BookError(f"{what} overlap ({a} and {b}); give them separate folders (book.toml: site, stage, "
                             "notebooks).")
-    for folder, what in ((out, "site"), (stage_dir, "stage")):
+    for folder, what in ((out, "site"), (_partial(out), "site"), (stage_dir, "stage")):
         if folder == root or folder in root.parents:
             raise BookError(f"{folder} would hold the whole repository; choose a subfolder such as site/.")
         _check_owned(folder, what)  # refused now rather than after the Markdown has been written
     return notebooks, out, stage_dir
+
+
+def _partial(out, kind="partial"):
+    """The folder beside ``out`` where the new site is built (``partial``) or the old one set aside (``old``)."""
+    return out.with_name(f".{out.name}.{kind}")
+
+
+def _swap_in(new, out):
+    """Put the finished site ``new`` in the place of ``out`` (two renames in the same folder)."""
+    old = _partial(out, "old")
+    if old.exists():
+        _check_owned(old, "site")
+        shutil.rmtree(old)
+    if out.exists():
+        out.rename(old)
+    new.rename(out)
+    if old.exists():
+        shutil.rmtree(old)
+
+
+def _mdbook_pages(chapters):
+    """The HTML files mdBook writes for one book: its own pages and one per chapter."""
+    return {"index.html", "404.html", "print.html", "toc.html", *(f"{stem}.html" for stem, _ in chapters)}
+
+
+def _make_site(site, root, course, stage_dir, url, chapters, mdbook, log):
+    """mdBook, the sanitizer and policy, Pagefind and the landing page, into the empty folder ``site``.
+
+    Returns the seconds of mdBook, the number of pages secured, and the seconds of securing and of Pagefind."""
+    me = f"{shlex.quote(sys.executable)} {shlex.quote(str(Path(__file__).resolve()))}"
+    jobs = []
+    for lang in LANGS:
+        env = dict(os.environ, MDBOOK_BOOK__LANGUAGE=lang, MDBOOK_BOOK__TITLE=course[f"title-{lang}"],
+                   MDBOOK_BOOK__SRC=str(stage_dir / lang), MDBOOK_BUILD__BUILD_DIR=str(site / lang),
+                   MDBOOK_OUTPUT__HTML__SITE_URL=f"{url}{lang}/", MDBOOK_PREPROCESSOR__MPARLIB__COMMAND=me,
+                   MDBOOK_BUILD__USE_DEFAULT_PREPROCESSORS="false")  # no {{#include}} of any file on disk
+        jobs.append((f"{lang} book", [mdbook, "build", str(root)], env, root))
+    t1 = time.perf_counter()
+    logs = _run_all(jobs, "mdbook build")
+    t_mdbook = time.perf_counter() - t1
+    for label, text in logs.items():
+        for line in text.splitlines():
+            if "warning" in line.lower() or "error" in line.lower():
+                log(f"{label}: {line.strip()}")
+    for lang in LANGS:
+        _check_marked(site, lang, chapters[lang])
+
+    t2 = time.perf_counter()
+    try:
+        secured = sum(book_html.secure_book(site / lang, _mdbook_pages(chapters[lang])) for lang in LANGS)
+    except ValueError as err:
+        raise BookError(f"cannot secure the page {err}") from None
+    t_secure = time.perf_counter() - t2
+
+    t3 = time.perf_counter()
+    _run_all([(f"{lang} book", [sys.executable, "-m", "pagefind", "--site", str(site / lang),
+                                "--glob", "{index,[0-9][0-9]_*}.html", "--quiet"], None, root) for lang in LANGS],
+             "pagefind")
+    t_search = time.perf_counter() - t3
+    (site / "index.html").write_text(_landing_page(course), encoding="utf-8")
+    (site / ".nojekyll").write_text("")
+    return t_mdbook, secured, t_secure, t_search
 
 
 def build(root=ROOT, notebooks=None, out=None, stage_dir=None, site_url=None, log=print):
@@ -274,38 +370,13 @@ def build(root=ROOT, notebooks=None, out=None, stage_dir=None, site_url=None, lo
     chapters = {lang: stage(notebooks, stage_dir, lang, found[lang]) for lang in LANGS}
     t_convert = time.perf_counter() - t0
 
-    _owned_folder(out, "site")
-    me = f"{shlex.quote(sys.executable)} {shlex.quote(str(Path(__file__).resolve()))}"
-    jobs = []
-    for lang in LANGS:
-        env = dict(os.environ, MDBOOK_BOOK__LANGUAGE=lang, MDBOOK_BOOK__TITLE=course[f"title-{lang}"],
-                   MDBOOK_BOOK__SRC=str(stage_dir / lang), MDBOOK_BUILD__BUILD_DIR=str(out / lang),
-                   MDBOOK_OUTPUT__HTML__SITE_URL=f"{url}{lang}/", MDBOOK_PREPROCESSOR__MPARLIB__COMMAND=me)
-        jobs.append((f"{lang} book", [mdbook, "build", str(root)], env, root))
-    t1 = time.perf_counter()
-    logs = _run_all(jobs, "mdbook build")
-    t_mdbook = time.perf_counter() - t1
-    for label, text in logs.items():
-        for line in text.splitlines():
-            if "warning" in line.lower() or "error" in line.lower():
-                log(f"{label}: {line.strip()}")
-    for lang in LANGS:
-        _check_marked(out, lang, chapters[lang])
-
-    t2 = time.perf_counter()
+    site = _owned_folder(_partial(out), "site")  # built beside the old site, which stays until it is done
     try:
-        secured = sum(book_html.secure_book(out / lang) for lang in LANGS)
-    except ValueError as err:
-        raise BookError(f"cannot secure the page {err}") from None
-    t_secure = time.perf_counter() - t2
-
-    t3 = time.perf_counter()
-    _run_all([(f"{lang} book", [sys.executable, "-m", "pagefind", "--site", str(out / lang),
-                                "--glob", "{index,[0-9][0-9]_*}.html", "--quiet"], None, root) for lang in LANGS],
-             "pagefind")
-    t_search = time.perf_counter() - t3
-    (out / "index.html").write_text(_landing_page(course), encoding="utf-8")
-    (out / ".nojekyll").write_text("")
+        t_mdbook, secured, t_secure, t_search = _make_site(site, root, course, stage_dir, url, chapters, mdbook, log)
+    except BaseException:
+        shutil.rmtree(site, ignore_errors=True)
+        raise
+    _swap_in(site, out)
     total = time.perf_counter() - t0
     pages = {lang: [s for s, _ in chapters[lang]] for lang in LANGS}
     log(f"built {out}/en ({len(pages['en'])} chapters) and {out}/ja ({len(pages['ja'])} chapters) in {total:.1f} s "
@@ -341,12 +412,13 @@ def serve(site, host="127.0.0.1", port=8000):
 def clean(root=ROOT):
     """Remove the built site and the staged Markdown, but only folders the build made."""
     course = settings(root)
-    for rel in (course.get("site", "site"), course.get("stage", "build/book")):
-        path = Path(root, rel)
+    site = Path(root, course.get("site", "site"))
+    for path in (site, _partial(site), _partial(site, "old"), Path(root, course.get("stage", "build/book"))):
         if not path.exists():
             continue
         if not (path / OWNED).exists():
             raise BookError(f"{path} was not made by the book build; not removing it.")
+        _check_owned(path, "site or stage")  # a mark committed beside tracked files does not count
         shutil.rmtree(path)
         print(f"removed {path}")
         if path.parent != Path(root) and not any(path.parent.iterdir()):

@@ -7,7 +7,9 @@ text, headings with their anchors, code blocks, tables, images (the book's own f
 the MathML that latex2mathml writes, the wrapper blocks of notebook outputs and the bar on top of every page.
 Scripts, event handlers, ``javascript:`` links, frames, forms, inline SVG and styles that could load anything are
 dropped. Then every page gets a Content-Security-Policy that allows only mdBook's own inline scripts (by hash),
-the book's own files and Pagefind's WebAssembly.
+the book's own files and Pagefind's WebAssembly; an HTML file that is not one of mdBook's pages stops the build
+instead of getting a policy for its scripts. SVG figures are published as files only when ``svg_problem`` finds
+nothing that runs, links or loads (processing instructions included).
 """
 import base64
 import functools
@@ -154,15 +156,21 @@ def add_policy(text, script_hashes=()):
     return text[:m.end()] + "\n" + meta + text[m.end():]
 
 
-def secure_book(folder):
+def secure_book(folder, pages=None):
     """Sanitize and add the policy to every mdBook page under ``folder`` (Pagefind's files aside).
 
-    Returns the number of pages. Raises ValueError naming a page that cannot be secured.
+    ``pages`` (paths relative to ``folder``, e.g. ``{"index.html", "01_x.html"}``) are the pages mdBook made; any
+    other HTML file is refused, so that no file a notebook brought in gets its scripts allow-listed. Returns the
+    number of pages. Raises ValueError naming a page that cannot be secured.
     """
     count = 0
     for path in sorted(Path(folder).rglob("*.html")):
-        if "pagefind" in path.relative_to(folder).parts:
+        rel = path.relative_to(folder)
+        if rel.parts[0] == "pagefind":
             continue
+        if pages is not None and rel.as_posix() not in pages:
+            raise ValueError(f"{path}: an HTML file that is not one of mdBook's pages; the book publishes no HTML "
+                             "file of a notebook's")
         text = path.read_text(encoding="utf-8")
         try:
             if path.name != "toc.html":  # the table of contents for readers without JavaScript has no content
@@ -191,10 +199,17 @@ def svg_problem(data):
     text = data.decode("utf-8", errors="replace")
     if "<!ENTITY" in text:
         return "it declares XML entities"
+    if re.search(r"<!DOCTYPE[^>]*\[", text, re.I):
+        return "its DOCTYPE has declarations of its own"
+    pi = re.search(r"<\?[^\s?>]*", re.sub(r"^\ufeff?<\?xml\s[^>]*\?>", "", text))  # the XML declaration aside
+    if pi:
+        return f"it has a processing instruction ({pi.group(0)[:40]!r}); one such as <?xml-stylesheet?> loads a file"
     try:
         root = ET.fromstring(data)
     except ET.ParseError as err:
         return f"it is not well-formed XML ({err})"
+    if str(root.tag).rsplit("}", 1)[-1] != "svg":
+        return f"its root element is <{str(root.tag).rsplit('}', 1)[-1]}>, not <svg>"
     for el in root.iter():
         name = str(el.tag).rsplit("}", 1)[-1].lower()
         if name in _SVG_ELEMENTS_REFUSED:

@@ -3,6 +3,12 @@
 Text outputs become fenced blocks, stderr and errors styled ``<pre>`` blocks, PNG/JPEG/SVG figures files under
 ``figures/<stem>/``, HTML outputs pass through the book's allow-list (``book_html``). A notebook whose JSON does not
 have the shape of nbformat 4 is refused with the file, the place in it (``cells[3].outputs[0]``) and the fix.
+
+Figures, attachments and the local images of markdown cells are published only as PNG, JPEG, GIF or WebP (told by
+their first bytes, whatever their name or declared type says) or as SVG that passes ``book_html.svg_problem``;
+the file name's extension is always the type found. No published file overwrites another, an output over
+:data:`OUTPUT_LIMIT` is refused, and a notebook or image that lies (through a symbolic link) outside the
+notebooks folder is refused.
 """
 import base64
 import binascii
@@ -17,6 +23,9 @@ import book_html
 LANGS = ("en", "ja")
 LANG_NAMES = {"en": "English", "ja": "日本語"}
 OUTPUT_END = "</div><!-- /nb-output -->"
+OUTPUT_LIMIT = 10 * 2**20  # bytes of one output (text or figure) on a page; a larger one is refused
+IMAGE_MIMES = {"image/png": "png", "image/jpeg": "jpg", "image/gif": "gif", "image/webp": "webp",
+               "image/svg+xml": "svg"}
 
 TEXT = {
     "en": {
@@ -222,20 +231,59 @@ def _b64(value):
     return base64.b64decode(re.sub(r"\s+", "", _joined(value)))
 
 
+def image_type(data):
+    """The extension of the image in ``data`` told by its first bytes: png, jpg, gif, webp, or None."""
+    if data.startswith(b"\x89PNG\r\n\x1a\n"):
+        return "png"
+    if data.startswith(b"\xff\xd8\xff"):
+        return "jpg"
+    if data[:6] in (b"GIF87a", b"GIF89a"):
+        return "gif"
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return "webp"
+    return None
+
+
+def _publishable(data, ext, where):
+    """The extension ``data`` is published with: ``ext`` ("svg" or a binary type) when the bytes are that image."""
+    if len(data) > OUTPUT_LIMIT:
+        raise BookError(f"{where} is {len(data) / 2**20:.1f} MB; the book publishes figures up to "
+                        f"{OUTPUT_LIMIT // 2**20} MB. Save a smaller figure, or clear that cell's output.")
+    if ext == "svg":
+        problem = book_html.svg_problem(data)
+        if problem:
+            raise BookError(f"{where} cannot be published: {problem}. Save the figure as PNG, or as SVG without "
+                            "scripts, links or external files.")
+        return ext
+    found = image_type(data)
+    if found is None or found != ext:
+        raise BookError(f"{where} is declared as {ext.upper()} but its bytes are "
+                        f"{'a ' + found.upper() + ' image' if found else 'no image the book publishes'} (first "
+                        f"bytes {data[:8]!r}); the book publishes PNG, JPEG, GIF, WebP and SVG images only.")
+    return ext
+
+
 class _Figures:
-    """Writes the images of one notebook under ``figures/<stem>/`` and hands back their relative paths."""
+    """Writes the images of one notebook under ``figures/<stem>/`` and hands back their relative paths.
+
+    Every file gets a name of its own (``fig001.png``, or an attachment's name) with the extension of the type its
+    bytes hold; a name already used gets ``-2``, ``-3``, ... so that nothing is overwritten."""
 
     def __init__(self, out_dir, stem):
-        self.out_dir, self.stem, self.count = Path(out_dir), stem, 0
+        self.out_dir, self.stem, self.count, self.used = Path(out_dir), stem, 0, set()
 
     def save(self, data, ext, name=None, where=""):
-        if ext == "svg":
-            problem = book_html.svg_problem(data)
-            if problem:
-                raise BookError(f"{where or 'an SVG figure'} cannot be published: {problem}. Save the figure as "
-                                "PNG, or as SVG without scripts, links or external files.")
+        ext = _publishable(data, ext, where or "a figure")
         self.count += 1
-        rel = Path("figures") / self.stem / (name or f"fig{self.count:03d}.{ext}")
+        base = f"fig{self.count:03d}"
+        if name:
+            base = re.sub(r"[^\w-]+", "_", Path(name).stem).strip("_") or "attachment"
+        file, n = f"{base}.{ext}", 1
+        while file.lower() in self.used:
+            n += 1
+            file = f"{base}-{n}.{ext}"
+        self.used.add(file.lower())
+        rel = Path("figures") / self.stem / file
         path = self.out_dir / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)
@@ -261,7 +309,7 @@ def _render_output(out, figures, lang, where=""):
     alt = TEXT[lang]["figure"]
     for mime, ext in (("image/png", "png"), ("image/jpeg", "jpg")):
         if mime in data:
-            return _block("display", f"![{alt}]({figures.save(_b64(data[mime]), ext)})")
+            return _block("display", f"![{alt}]({figures.save(_b64(data[mime]), ext, where=where)})")
     if "image/svg+xml" in data:
         rel = figures.save(_joined(data["image/svg+xml"]).encode("utf-8"), "svg", where=where)
         return _block("display", f"![{alt}]({rel})")
@@ -306,16 +354,26 @@ def notebook_title(nb, default):
     return default
 
 
+def _inside(path, folder, what):
+    """``path`` with its links resolved; BookError when that lies outside ``folder``."""
+    real = Path(path).resolve()
+    if not real.is_relative_to(folder):
+        raise BookError(f"{path} ({what}) lies outside {folder} (it is {real}): the book publishes only files "
+                        "inside the course's notebooks folder. Copy the file into it instead of linking to it.")
+    return real
+
+
 def _markdown_cell(cell, figures, nb_dir, out_dir, known, where):
     """Markdown cell source with attachments saved, notebook links pointing to pages and local images copied."""
     text = _joined(cell.get("source"))
     for name, bundle in (cell.get("attachments") or {}).items():
         for mime, payload in bundle.items():
             if mime.startswith("image/"):
-                svg = mime == "image/svg+xml"
-                data = _joined(payload).encode() if svg else _b64(payload)
-                rel = figures.save(data, mime.split("/")[1].split("+")[0], name=Path(name).name,
-                                   where=f'{where}.attachments["{name}"]')
+                at = f'{where}.attachments["{name}"]'
+                if mime not in IMAGE_MIMES:
+                    raise BookError(f"{at} is {mime}; the book publishes PNG, JPEG, GIF, WebP and SVG images only.")
+                data = _joined(payload).encode() if mime == "image/svg+xml" else _b64(payload)
+                rel = figures.save(data, IMAGE_MIMES[mime], name=Path(name).name, where=at)
                 text = text.replace(f"attachment:{name}", rel)
                 break
 
@@ -329,17 +387,21 @@ def _markdown_cell(cell, figures, nb_dir, out_dir, known, where):
         target = m.group(2)
         if re.match(r"\w+:|/|#", target) or target.startswith("figures/"):
             return m.group(0)
-        src = (Path(nb_dir) / target).resolve()
-        if src.is_file() and Path(nb_dir).resolve().parent in src.parents:
-            if src.suffix.lower() == ".svg":
-                problem = book_html.svg_problem(src.read_bytes())
-                if problem:
-                    raise BookError(f"{src} (an image of {where}) cannot be published: {problem}.")
-            dest = Path(out_dir) / "assets" / src.name
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(src, dest)
-            return f"{m.group(1)}assets/{src.name}{m.group(3)}"
-        return m.group(0)
+        notebooks = Path(nb_dir).absolute().parent.resolve()
+        src = Path(nb_dir) / target
+        if not src.is_file():
+            return m.group(0)
+        src = _inside(src, notebooks, f"an image of {where}")
+        data = src.read_bytes()
+        ext = _publishable(data, "svg" if src.suffix.lower() == ".svg" else image_type(data) or src.suffix[1:],
+                           f"{src} (an image of {where})")
+        dest, n = Path(out_dir) / "assets" / f"{src.stem}.{ext}", 1
+        while dest.exists() and dest.read_bytes() != data:  # another image of the same name
+            n += 1
+            dest = dest.with_name(f"{src.stem}-{n}.{ext}")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_bytes(data)
+        return f"{m.group(1)}assets/{dest.name}{m.group(3)}"
 
     return _MD_IMAGE.sub(image, text)
 
@@ -353,6 +415,7 @@ def convert(nb_path, out_dir, lang=None, known=()):
     """
     nb_path, out_dir = Path(nb_path), Path(out_dir)
     lang = lang or (nb_path.parent.name if nb_path.parent.name in LANGS else "en")
+    _inside(nb_path, nb_path.absolute().parent.parent.resolve(), "a notebook")
     nb = read_notebook(nb_path)
     stem = nb_path.stem
     figures = _Figures(out_dir, stem)
@@ -374,6 +437,10 @@ def convert(nb_path, out_dir, lang=None, known=()):
             if "remove-output" not in tags and "hide-output" not in tags:
                 for j, out in _merge_streams(cell.get("outputs", [])):
                     rendered = _render_output(out, figures, lang, f"{where}.outputs[{j}]")
+                    if rendered and len(rendered.encode("utf-8")) > OUTPUT_LIMIT:
+                        raise BookError(f"{where}.outputs[{j}] is {len(rendered.encode('utf-8')) / 2**20:.1f} MB; "
+                                        f"the book publishes outputs up to {OUTPUT_LIMIT // 2**20} MB a page. Print "
+                                        "less in that cell, or tag it remove-output.")
                     if rendered:
                         parts.append(rendered)
         # raw cells are not shown

@@ -12,6 +12,12 @@ or login handler) are overridden:
 - the token goes into a private config folder (mode 0700, file 0600) put first on ``JUPYTER_CONFIG_PATH``, the
   folder Jupyter reads with the highest priority, and into ``JUPYTER_TOKEN``. It is not put on the command line,
   where every user of a shared machine could read it in the process list;
+- the same folder sets back to Jupyter's defaults what would open another door: a password (an empty one lets
+  anyone log in with an empty password field: ``PasswordIdentityProvider.hashed_password``, the legacy
+  ``ServerApp.password``, ``password_required``, ``allow_password_change``), and what would let other web sites
+  call the server with the learner's login (``ServerApp.allow_origin``, ``allow_origin_pat``,
+  ``allow_credentials``, headers in ``tornado_settings``). Each such setting found in the learner's config files
+  is named in a warning at the start (:func:`overridden_settings`);
 - the command line (which beats every config file) fixes Jupyter's own identity provider and login handlers
   and keeps the XSRF check on. (``ServerApp.allow_unauthenticated_access`` stays at its default: a config can
   only make it stricter, and turning it off here makes Jupyter print warnings about two websocket endpoints of
@@ -48,6 +54,19 @@ AUTH_OPTIONS = [
     "--PasswordIdentityProvider.login_handler_class=jupyter_server.auth.login.LoginFormHandler",
     "--ServerApp.disable_check_xsrf=False",
 ]
+
+
+# Settings that the private config folder sets back to Jupyter's defaults, whatever the learner's files say.
+PINNED = {
+    "PasswordIdentityProvider": {"hashed_password": "", "password_required": False, "allow_password_change": False},
+    "ServerApp": {"password": "", "allow_origin": "", "allow_origin_pat": "", "allow_credentials": False,
+                  "tornado_settings": {}},
+}
+# What a learner's config may set and the course overrides (the settings above, the token, the classes).
+OVERRIDDEN = {f"{cls}.{name}" for cls, names in PINNED.items() for name in names} | {
+    "IdentityProvider.token", "PasswordIdentityProvider.token", "ServerApp.token", "ServerApp.password_required",
+    "ServerApp.allow_password_change", *(opt[2:].split("=", 1)[0] for opt in AUTH_OPTIONS)}
+CONFIG_NAMES = ("jupyter_config", "jupyter_server_config", "jupyter_lab_config")  # the files JupyterLab reads
 
 
 class LabError(Exception):
@@ -130,8 +149,36 @@ def command(host=HOST, port=PORT, *, browser=True, port_retries=None, expose_app
 
 
 def auth_config(token):
-    """The Jupyter settings that carry the token (written to the private config folder)."""
-    return {"IdentityProvider": {"token": token}, "PasswordIdentityProvider": {"token": token}}
+    """The Jupyter settings that carry the token and :data:`PINNED` (written to the private config folder)."""
+    return {"IdentityProvider": {"token": token},
+            "PasswordIdentityProvider": {**PINNED["PasswordIdentityProvider"], "token": token},
+            "ServerApp": dict(PINNED["ServerApp"])}
+
+
+def overridden_settings(folders=None):
+    """``(file, "Class.name")`` for each setting of :data:`OVERRIDDEN` in the config files JupyterLab would read.
+
+    ``folders`` defaults to Jupyter's config path (the course's own private folders left out). A file that cannot
+    be read here gives ``(file, None)``; JupyterLab reports its problem when it reads it."""
+    from jupyter_core.paths import jupyter_config_path
+    from traitlets.config.loader import JSONFileConfigLoader, PyFileConfigLoader
+
+    found = []
+    for folder in map(Path, jupyter_config_path() if folders is None else folders):
+        if folder.name.startswith(_AUTH_DIR_PREFIX):
+            continue
+        for name in CONFIG_NAMES:
+            paths = [folder / f"{name}.py", folder / f"{name}.json", *sorted((folder / f"{name}.d").glob("*.json"))]
+            for path in filter(Path.is_file, paths):
+                loader = PyFileConfigLoader if path.suffix == ".py" else JSONFileConfigLoader
+                try:
+                    config = loader(path.name, str(path.parent)).load_config()
+                except Exception:  # any error of the learner's own file; JupyterLab will report it
+                    found.append((path, None))
+                    continue
+                found += [(path, f"{cls}.{key}") for cls in sorted(config) if isinstance(config[cls], dict)
+                          for key in sorted(config[cls]) if f"{cls}.{key}" in OVERRIDDEN]
+    return found
 
 
 def write_auth_config(token, folder):
@@ -252,6 +299,10 @@ def main(argv=None):
     def fail(message):
         parser.exit(2, f"{parser.prog}: error: {message}\n")
 
+    for path, setting in overridden_settings():
+        print(f"{parser.prog}: warning: {path} " + (f"sets {setting}; the course's JupyterLab overrides it (only "
+              "its token logs in, and no other web site may call it)." if setting else "cannot be read here; "
+              "JupyterLab will report its problem."), file=sys.stderr)
     try:
         asked = _check_host_and_port(args.host, args.port)
         if not NOTEBOOKS.is_dir():

@@ -31,9 +31,11 @@ course): a line of "Open in Colab / Kaggle" links when ``book.toml`` names the c
 does nothing (and prints nothing) where it can.
 
 Both editions of a chapter are executed before either is written, and each file is replaced in one step (a
-temporary file, then a rename), so a failure leaves the stored pair as it was.
+temporary file, then a rename), so a failure leaves the stored pair as it was; the temporary files of a write
+that was killed are removed by the next write, and a notebook that would not change is not rewritten.
 """
 import argparse
+import glob
 import json
 import os
 import re
@@ -64,7 +66,9 @@ INSTALL_TAG = "course-install"
 FROM_BOOK_TOML = object()  # default of ``repo``: the repository configured in book.toml (or none)
 CELL_OPTIONS = {"tags", "title"}
 _LAYOUT_OPTIONS = {"lines_to_next_cell", "region_name", "cell_marker"}  # how jupytext laid the text out: ignored
-_LANG_MARK = re.compile(r"^<!--\s*(en|ja)\s*-->\s*$")
+_LANG_MARK = re.compile(r"^<!--\s*([A-Za-z]{2}(?:[-_][A-Za-z0-9]{2,4})?)\s*-->\s*$")  # <!-- en -->, <!-- fr -->
+NAME = re.compile(r"[0-9][0-9]_[A-Za-z0-9_]+")  # a chapter: notebooks/src/NAME.py -> notebooks/<lang>/NAME.ipynb
+_TAGS_OPTION = re.compile(r"\btags\s*=\s*")
 D2L = "d2l==1.0.3"  # installed without its dependencies, as the Makefile does (its pins break current stacks)
 
 
@@ -129,6 +133,9 @@ def _split_languages(where, text, file_lines, start, end):
             lang = m.group(1)
             at = marker_lines[k] if k < len(marker_lines) else start + 1
             k += 1
+            if lang not in LANGS:
+                raise SourceError(f"{where}:{at}: an unknown language marker <!-- {lang} -->; a markdown cell has "
+                                  "an English part ('# <!-- en -->') and a Japanese part ('# <!-- ja -->') only.")
             if lang in parts:
                 raise SourceError(f"{where}:{at}: a second <!-- {lang} --> marker in one markdown cell (the first is "
                                   f"on line {seen[lang]}); a cell has one English and one Japanese part, so remove "
@@ -151,13 +158,53 @@ def _split_languages(where, text, file_lines, start, end):
     return texts
 
 
+def _read_source(path, where):
+    """The text of a source: UTF-8 without a byte-order mark, else a :class:`SourceError` saying where and why."""
+    raw = path.read_bytes()
+    if raw.startswith(b"\xef\xbb\xbf"):
+        raise SourceError(f"{where}:1: the file starts with a byte-order mark (BOM); save it as UTF-8 without BOM.")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = raw[:err.start].count(b"\n") + 1
+        raise SourceError(f"{where}:{line}: byte {raw[err.start:err.start + 1]!r} is not UTF-8 (a file saved as "
+                          "Latin-1 or Shift JIS?); save the file as UTF-8.") from None
+
+
+def _bad_tags(lines):
+    """``(line, text)`` of the first cell marker whose ``tags=`` is not a JSON list of strings, or None."""
+    for n, line in enumerate(lines):
+        m = _TAGS_OPTION.search(line) if line.startswith("# %%") else None
+        if m:
+            try:
+                tags = json.JSONDecoder().raw_decode(line, m.end())[0]
+            except ValueError:
+                tags = None
+            if not (isinstance(tags, list) and all(isinstance(t, str) for t in tags)):
+                return n + 1, line.strip()
+    return None
+
+
+def _jupytext(text, lines, where):
+    """``jupytext.reads`` of a source; a source it cannot read becomes a :class:`SourceError`."""
+    try:
+        return jupytext.reads(text, fmt="py:percent")
+    except Exception as err:  # jupytext raises several types (validation, parsing) for a malformed source
+        bad = _bad_tags(lines)
+        if bad:
+            raise SourceError(f"{where}:{bad[0]}: cannot read the tags in {bad[1]!r}; tags must be a list of "
+                              "strings, e.g. tags=[\"nbval-ignore-output\"].") from None
+        first = str(err).strip().splitlines()[:1] or [type(err).__name__]
+        raise SourceError(f"{where}: jupytext cannot read this source ({first[0]}); check the '# %%' lines.") from None
+
+
 def parse(path):
     """Read a chapter source into a list of :class:`Cell`; raise :class:`SourceError` (``file:line``) if it is wrong."""
     path = Path(path)
     where = os.path.relpath(path, ROOT) if path.is_relative_to(ROOT) else str(path)
-    text = path.read_text(encoding="utf-8")
-    nb = jupytext.reads(text, fmt="py:percent")
+    text = _read_source(path, where)
     lines = text.splitlines()
+    nb = _jupytext(text, lines, where)
     starts = _cell_starts(lines)
     if len(starts) != len(nb.cells):
         raise SourceError(f"{where}: jupytext read {len(nb.cells)} cells but {len(starts)} cell starts were found; "
@@ -180,6 +227,9 @@ def parse(path):
                               "markdown cells only: use '# %% [markdown]' or '# %%'.")
         options = {k: v for k, v in cell.metadata.items() if k not in _LAYOUT_OPTIONS}
         unknown = sorted(set(options) - CELL_OPTIONS)
+        if "incorrectly_encoded_metadata" in unknown:
+            raise SourceError(f"{at}: cannot read the cell options in {lines[start].strip()!r}; write them as "
+                              "'# %% Title tags=[\"a\", \"b\"]'.")
         if unknown:
             raise SourceError(f"{at}: cell option(s) {unknown} in {lines[start].strip()!r}; the course's cells take "
                               "only a title and tags=[...].")
@@ -195,6 +245,9 @@ def parse(path):
                 cells.append(Cell("code", source, meta, start + 1))
         else:
             cells.append(Cell("markdown", _split_languages(where, cell.source, lines, start, end), meta, start + 1))
+    if not cells:
+        raise SourceError(f"{where}: the source has no cells; a chapter starts with '# %% [markdown]' and its "
+                          "'# <!-- en -->' and '# <!-- ja -->' parts.")
     return cells
 
 
@@ -345,12 +398,35 @@ def portable_paths(text):
     return _TEMP.sub("<temporary folder>/", text)
 
 
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _remove_stale_temporaries(path):
+    """Remove the temporary files of writes of ``path`` that were killed (their process is gone)."""
+    for old in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):
+        pid = old.name[len(path.name) + 2:].split(".", 1)[0]
+        if not pid.isdigit() or int(pid) == os.getpid() or not _alive(int(pid)):
+            old.unlink(missing_ok=True)
+
+
 def write(nb, path):
-    """Save a notebook with stable formatting (sorted keys, one trailing newline), replacing ``path`` in one step."""
+    """Save a notebook with stable formatting (sorted keys, one trailing newline), replacing ``path`` in one step.
+
+    Returns False, writing nothing, when ``path`` already holds exactly this notebook."""
     path = Path(path)
     nbformat.validate(nb)
     data = (json.dumps(nb, indent=1, ensure_ascii=False, sort_keys=True) + "\n").encode("utf-8")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    _remove_stale_temporaries(path)
+    if path.is_file() and path.read_bytes() == data:
+        return False
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp", dir=path.parent)
     try:
         umask = os.umask(0)
         os.umask(umask)
@@ -364,13 +440,34 @@ def write(nb, path):
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+    return True
+
+
+def _source(src, name):
+    """The path of chapter ``name``'s source; a name that is not ``NN_name`` could reach outside the folders."""
+    if not (isinstance(name, str) and NAME.fullmatch(name)):
+        raise SourceError(f"{name!r} is not a chapter name: chapters are named like 01_dataparallel (two digits, "
+                          "'_', then letters, digits or '_') and their sources are notebooks/src/NAME.py.")
+    return Path(src) / f"{name}.py"
+
+
+def _read_stored(path, shown, name):
+    """A stored notebook, or a :class:`BuildError` saying it is damaged and how to rebuild it."""
+    try:
+        nb = nbformat.read(path, as_version=4)
+        nbformat.validate(nb)
+        return nb
+    except Exception as err:  # nbformat raises several types for a file that is not a notebook
+        first = str(err).strip().splitlines()[:1] or [type(err).__name__]
+        raise BuildError(f"{shown} cannot be read as a notebook ({first[0][:120]}); rebuild it with "
+                         f"`python tools/notebooks.py build {name}`.") from None
 
 
 def build(names, run=True, *, src=SRC, out=OUT, repo=FROM_BOOK_TOML, timeout=1800):
     """Write (and with ``run``, execute) both editions of each chapter; neither is written unless both ran."""
     repo = _repo(repo)
     for name in names:
-        cells = parse(Path(src) / f"{name}.py")
+        cells = parse(_source(src, name))
         done = {}
         for lang in LANGS:
             folder = Path(out) / lang
@@ -404,17 +501,19 @@ def prose(names, *, src=SRC, out=OUT, repo=FROM_BOOK_TOML):
     when a code cell differs from the stored one (its outputs would no longer be what it prints: run ``build``)."""
     repo = _repo(repo)
     for name in names:
-        cells = parse(Path(src) / f"{name}.py")
+        cells = parse(_source(src, name))
         done = {}
         for lang in LANGS:
             path = Path(out) / lang / f"{name}.ipynb"
             if not path.exists():
                 raise BuildError(f"{lang}/{name}.ipynb does not exist yet: run `python tools/notebooks.py build {name}`")
-            stored, nb = nbformat.read(path, as_version=4), notebook(cells, lang, name, repo)
+            stored, nb = _read_stored(path, f"{lang}/{name}.ipynb", name), notebook(cells, lang, name, repo)
             if _code(stored) != _code(nb):
                 raise BuildError(f"{lang}/{name}.ipynb: the code cells of notebooks/src/{name}.py differ from the "
                                  f"stored ones, so their outputs would be stale: run `python tools/notebooks.py "
                                  f"build {name}`. Neither edition was written.")
+            if "language_info" in stored.metadata:  # what the kernel reported when it ran the notebook
+                nb.metadata["language_info"] = stored.metadata["language_info"]
             ran = iter(c for c in stored.cells if c.cell_type == "code")
             for cell in nb.cells:
                 if cell.cell_type == "code":
@@ -422,8 +521,8 @@ def prose(names, *, src=SRC, out=OUT, repo=FROM_BOOK_TOML):
                     cell.outputs, cell.execution_count = old.outputs, old.execution_count
             done[lang] = nb
         for lang, nb in done.items():
-            write(nb, Path(out) / lang / f"{name}.ipynb")
-            print(f"{lang}/{name}.ipynb: prose updated, outputs kept", flush=True)
+            changed = write(nb, Path(out) / lang / f"{name}.ipynb")
+            print(f"{lang}/{name}.ipynb: {'prose updated, outputs kept' if changed else 'unchanged'}", flush=True)
 
 
 def _comparable(nb):
@@ -436,14 +535,18 @@ def check(names, *, src=SRC, out=OUT, repo=FROM_BOOK_TOML):
     repo = _repo(repo)
     problems = []
     for name in names:
-        cells = parse(Path(src) / f"{name}.py")
+        cells = parse(_source(src, name))
         for lang in LANGS:
             path = Path(out) / lang / f"{name}.ipynb"
             shown = os.path.relpath(path, ROOT) if path.is_relative_to(ROOT) else str(path)
             if not path.exists():
                 problems.append(f"{shown} is missing: run `make notebooks`")
                 continue
-            stored = nbformat.read(path, as_version=4)
+            try:
+                stored = _read_stored(path, shown, name)
+            except BuildError as err:
+                problems.append(str(err))
+                continue
             if _comparable(stored) != _comparable(notebook(cells, lang, name, repo)):
                 problems.append(f"{shown} is out of step with its source notebooks/src/{name}.py: run "
                                 f"`python tools/notebooks.py build {name}`")
@@ -463,7 +566,7 @@ def main(argv=None):
     ap.add_argument("--out", type=Path, default=OUT, help="folder of the en/ and ja/ editions (default: notebooks)")
     args = ap.parse_args(argv)
     names = args.names or chapters()
-    unknown = [n for n in names if not (SRC / f"{n}.py").exists()]
+    unknown = [n for n in names if n not in chapters()]
     if unknown:
         ap.error(f"no source for {unknown} in {SRC.relative_to(ROOT)}; known chapters: {chapters()}")
     try:

@@ -4,8 +4,12 @@ Each test writes config files into the server's own (temporary) JUPYTER_CONFIG_D
 ``~/.jupyter`` settings live, starts the server, and calls its REST API with no token, a wrong token and the
 right one. No browser is needed.
 """
+import http.cookiejar
 import json
 import stat
+import urllib.error
+import urllib.parse
+import urllib.request
 from pathlib import Path
 
 import psutil
@@ -81,4 +85,53 @@ def test_the_token_is_not_in_the_process_list_and_its_file_is_private(start_lab_
     assert stat.S_IMODE(folder.stat().st_mode) == 0o700
     files = sorted(folder.iterdir())
     assert files and all(stat.S_IMODE(f.stat().st_mode) == 0o600 for f in files)
+    assert_token_required(server)
+
+
+def open_config():
+    """A password whose hash is that of "" (anyone who leaves the field empty logs in), and every origin allowed
+    (by pattern, and by headers added to every answer)."""
+    from jupyter_server.auth.security import passwd
+
+    empty = passwd("")
+    headers = {"Access-Control-Allow-Origin": "https://attacker.example", "Access-Control-Allow-Credentials": "true"}
+    return {"PasswordIdentityProvider": {"hashed_password": empty},
+            "ServerApp": {"password": empty, "allow_origin_pat": ".*", "allow_credentials": True,
+                          "tornado_settings": {"headers": headers}}}
+
+
+def login(server, password):
+    """Fill the login form as a browser would; return the status of the answer and the browser (its cookies)."""
+    jar = http.cookiejar.CookieJar()
+    browser = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(jar))
+    browser.open(server.url + "login", timeout=30).read()
+    xsrf = next(c.value for c in jar if c.name == "_xsrf")
+    form = urllib.parse.urlencode({"password": password, "_xsrf": xsrf}).encode()
+    try:
+        with browser.open(urllib.request.Request(server.url + "login?next=/api/status", data=form), timeout=30) as r:
+            return r.status, browser
+    except urllib.error.HTTPError as err:
+        return err.code, browser
+
+
+def cross_origin_headers(browser, server):
+    """The CORS headers of the answer to another web site's page that calls the API with the login cookie."""
+    req = urllib.request.Request(server.url + "api/contents", headers={"Origin": "https://attacker.example"})
+    try:
+        with browser.open(req, timeout=30) as r:
+            headers = dict(r.headers)
+    except urllib.error.HTTPError as err:
+        headers = dict(err.headers)
+    return {k: v for k, v in headers.items() if k.startswith("Access-Control-")}
+
+
+def test_an_empty_password_and_open_origins_in_the_learners_config_are_overridden(start_lab_server):
+    """The learner's config sets a password whose hash is that of "" and lets every web site call the server with
+    the login cookie. (Without the course's settings, the empty password logs in and the answer carries
+    ``Access-Control-Allow-Origin: https://attacker.example`` with ``Allow-Credentials: true``.)"""
+    server = start_lab_server(config=open_config())
+    assert login(server, "")[0] in (401, 403), "an empty password logged in"
+    status, browser = login(server, server.token)  # the learner, with the token
+    assert status == 200, status
+    assert cross_origin_headers(browser, server) == {}, "another web site may call the server as the learner"
     assert_token_required(server)

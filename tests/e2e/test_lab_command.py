@@ -191,3 +191,48 @@ def test_folders_of_servers_that_stopped_are_removed(started, tmp_path):
                                             ("0.0.0.0", False), ("192.168.1.5", False), ("example.org", False)])
 def test_loopback_hosts(host, expected):
     assert lab.is_loopback(host) is expected
+
+
+# A learner's config that opens other doors: a password (here the hash of an empty one, which lets anyone in who
+# leaves the password field empty) and every origin with credentials.
+OPEN_CONFIG = {"PasswordIdentityProvider": {"hashed_password": "argon2:$argon2id$v=19$m=10240,t=10,p=8$x$y",
+                                            "password_required": True},
+               "ServerApp": {"password": "sha1:0e112c3ddfce:a68df677475c2b47b6e86d0467eec97ac5f4b85a",
+                             "allow_origin_pat": ".*", "allow_origin": "*", "allow_credentials": True,
+                             "tornado_settings": {"headers": {"Access-Control-Allow-Origin": "*"}}}}
+
+
+def test_the_private_config_sets_passwords_and_origins_back_to_the_defaults(tmp_path):
+    """The private folder is read last (it wins) and gives each setting that could open a door its default."""
+    from jupyter_server.auth.identity import PasswordIdentityProvider
+    from jupyter_server.serverapp import ServerApp
+
+    lab.environment({}, token=STRONG, auth_dir=tmp_path / "auth")
+    classes = {"ServerApp": ServerApp, "PasswordIdentityProvider": PasswordIdentityProvider}
+    for name in ("jupyter_server_config.json", "jupyter_lab_config.json"):
+        config = json.loads((tmp_path / "auth" / name).read_text())
+        for cls, settings in OPEN_CONFIG.items():
+            for key in settings:
+                default = classes[cls].class_traits()[key].default()
+                assert config[cls][key] == default, f"{cls}.{key} is left to the learner's config"
+        assert config["PasswordIdentityProvider"]["allow_password_change"] is False, "no new password from the form"
+
+
+def test_make_lab_names_each_setting_of_the_learner_that_it_overrides(started, capsys, tmp_path, monkeypatch):
+    own = tmp_path / "learner"
+    own.mkdir()
+    (own / "jupyter_server_config.json").write_text(json.dumps(OPEN_CONFIG))
+    (own / "jupyter_lab_config.py").write_text("c.ServerApp.identity_provider_class = 'mine.Open'\n"
+                                               "c.ServerApp.port = 9999\n")
+    (own / "jupyter_config.py").write_text("raise RuntimeError('a broken config')\n")
+    monkeypatch.setenv("JUPYTER_CONFIG_DIR", str(own))
+    monkeypatch.setenv("JUPYTER_CONFIG_PATH", str(tmp_path / "runtime" / "course-lab-1"))  # an older server's
+    started("--port", "0")
+    warned = [line for line in capsys.readouterr().err.splitlines() if "warning:" in line]
+    named = sorted(line.split(" sets ")[1].split(";")[0] for line in warned if " sets " in line)
+    assert named == ["PasswordIdentityProvider.hashed_password", "PasswordIdentityProvider.password_required",
+                     "ServerApp.allow_credentials", "ServerApp.allow_origin", "ServerApp.allow_origin_pat",
+                     "ServerApp.identity_provider_class", "ServerApp.password", "ServerApp.tornado_settings"]
+    assert all("the course's JupyterLab overrides it" in line for line in warned if " sets " in line)
+    assert any("jupyter_config.py cannot be read here" in line for line in warned)
+    assert not any("course-lab-" in line for line in warned), "the course's own folders are not the learner's"
