@@ -52,9 +52,7 @@ def text_labels(indices, lang=None):
     return [name(i) for i in indices]
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Turning bytes into batches
-# ----------------------------------------------------------------------------------------------------------------
+# --- turning bytes into batches -----------------------------------------------------------------------------------
 def _pair_of_sizes(value, from_int):
     """``value`` as a pair of positive ints (an int ``n`` becomes ``from_int(n)``), or None if it is not one."""
     pair = from_int(value) if is_int(value) else value
@@ -194,9 +192,7 @@ class _OnDevice:
             yield x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Loading
-# ----------------------------------------------------------------------------------------------------------------
+# --- loading ------------------------------------------------------------------------------------------------------
 def _check_options(batch_size, subset, resize, shuffle_seed, num_workers, resident):
     """The arguments of :func:`load_fashion_mnist` checked before any file is read: ``(sizes, resize)``."""
     where = "load_fashion_mnist"

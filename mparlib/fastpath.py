@@ -184,11 +184,8 @@ def move_batch_fast(X, y, device, channels_last=True):
 @contextlib.contextmanager
 def _cudnn_benchmark(device):
     """On a GPU, let cuDNN time its convolution algorithms once per shape; the previous setting is restored."""
-    if torch.device(device).type != "cuda":
-        yield
-        return
     before = torch.backends.cudnn.benchmark
-    torch.backends.cudnn.benchmark = True
+    torch.backends.cudnn.benchmark = before or torch.device(device).type == "cuda"
     try:
         yield
     finally:

@@ -1,16 +1,11 @@
 """The epoch loop: train a classifier on one or several devices, d2l style but robust. Explained in 05_multi_gpu_resnet.
 
-:func:`train` moves the model to ``devices[0]``, wraps it in ``nn.DataParallel`` only when there are several
-GPUs, initialises its weights (lazy layers included), trains with SGD, plots train loss and accuracies live,
-and returns a :class:`History`. Ctrl-C (or the notebook's stop button) ends training early and still returns
-the epochs done so far; a loss that becomes NaN or infinite stops it with :class:`mparlib.errors.TrainingDiverged`.
-
-With the CPU listed several times (``["cpu"] * 2``) the devices are simulated: each batch is split by the course's
-own ``mparlib.parallel.data_parallel`` (``mparlib.step.SimulatedDataParallel``), so the data-parallel step can be
-watched on a machine without GPUs. One step is made of small parts (``make_optimizer``, ``autocast_context``,
-``move_batch``, ``train_step``, in ``mparlib.step``) gathered in a ``StepPlan``. The epoch loop runs whatever plan
-it is given: chapter 05's (``classic_plan``), or with ``train(..., fast=True)`` the fast path of 07_performance
-(``mparlib.fastpath.plan``). The chapter-05 experiment as a script is ``python -m mparlib.train``.
+:func:`train` moves the model to ``devices[0]``, wraps it (``mparlib.step.wrap_model``: ``nn.DataParallel`` over
+several GPUs, the course's ``data_parallel`` over one device listed k times), initialises its weights, trains with
+SGD, plots train loss and accuracies live, and returns a :class:`History`. Ctrl-C ends training early and still
+returns the epochs done; a loss that becomes NaN or infinite raises :class:`mparlib.errors.TrainingDiverged`. The
+loop runs whatever ``mparlib.step.StepPlan`` it is given: chapter 05's (``classic_plan``), or with
+``train(..., fast=True)`` the fast path of 07_performance (``mparlib.fastpath.plan``). The script is ``mparlib.train``.
 """
 import collections.abc
 import contextlib
@@ -37,11 +32,8 @@ from .timing import Timer
 
 
 def _training_devices(devices):
-    """The course's one device rule, then training's own: distinct GPUs, or one device listed k times.
-
-    ``nn.DataParallel`` splits a batch over CUDA devices only; one device listed k times (``["cpu"] * 2``) is k
-    simulated devices, which :func:`train` and :func:`evaluate_accuracy` split batches over with ``mparlib.parallel``.
-    """
+    """The course's one device rule, then training's own: distinct GPUs (``nn.DataParallel`` splits a batch over
+    CUDA devices only), or one device listed k times (k simulated devices, split by ``mparlib.parallel``)."""
     devices = check_devices(devices)
     if len(set(devices)) == 1:
         return devices
@@ -175,8 +167,6 @@ class History:
                         legend=[tr("train loss", "訓練損失"), tr("train acc", "訓練精度"), tr("test acc", "テスト精度")],
                         fmts=("-", "m--", "g-o"), path=path)
 
-
-# --- the loop ------------------------------------------------------------------------------------------------
 
 def _plain_model(net):
     """The plain module under ``net``, checked to be a model with real parameters."""

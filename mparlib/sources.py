@@ -49,9 +49,7 @@ def _cache_dir():
     return base / "mparlib" / "fashion-mnist"
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Reading and checking
-# ----------------------------------------------------------------------------------------------------------------
+# --- reading and checking -----------------------------------------------------------------------------------------
 def _corrupt(path, problem, problem_ja, own_data_hint=False):
     path = Path(path)
     if path.is_relative_to(SYSTEM_DIR):
@@ -168,9 +166,7 @@ def read_split(folder, split, *, verify=True):
     return images, labels.long()
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Finding the files
-# ----------------------------------------------------------------------------------------------------------------
+# --- finding the files --------------------------------------------------------------------------------------------
 def _inventory(folder):
     """``(found, odd, missing)``: stem -> file present (plain preferred over .gz); stem -> what stands in its place
     (a folder, a dangling link); the stems with nothing at all."""

@@ -1,4 +1,4 @@
-"""``python -m mparlib.train``: the chapter-05 experiment from a terminal, and its sizes. Explained in 05_multi_gpu_resnet.
+"""``python -m mparlib.train``: chapter 05's experiment in a terminal, and its sizes. Explained in 05_multi_gpu_resnet.
 
 Trains the course's ResNet-18 on Fashion-MNIST with :func:`mparlib.loop.train` and writes the live plot and the
 history; its defaults are the chapter's runs (:func:`experiment`), which the notebook uses too. Nothing is written
@@ -32,7 +32,7 @@ PLOT_NAME, HISTORY_NAME = "resnet18_fashion_mnist.png", "history.json"  # the fi
 
 
 def experiment(k=1, profile=None):
-    """Chapter 05's run on ``k`` devices in a course profile (default: the current one). Explained in 05_multi_gpu_resnet.
+    """Chapter 05's run on ``k`` devices in a course profile (default: this one). Explained in 05_multi_gpu_resnet.
 
     A dict of ``width`` (for ``mparlib.models.resnet18``), ``batch_size``, ``lr``, ``num_epochs`` and ``subset`` (for
     ``mparlib.data.load_fashion_mnist``): the one-device run with batch size and learning rate multiplied by ``k``.
@@ -74,7 +74,7 @@ def _parser(one):
                     help=f"global batch size, split over the GPUs (default: {one['batch_size']} per device)")
     ap.add_argument("--lr", type=_positive(float), default=None,
                     help=f"SGD learning rate (default: {one['lr']} per device)")
-    ap.add_argument("--epochs", type=_positive(int), default=None,
+    ap.add_argument("--epochs", type=_positive(int), default=None, dest="num_epochs",
                     help=f"number of epochs (default: {one['num_epochs']})")
     ap.add_argument("--width", type=_positive(int), default=None,
                     help=f"channels of the network's first stage; 64 is d2l's ResNet-18 (default: {one['width']})")
@@ -168,9 +168,9 @@ def _arguments(argv):
     run = experiment(len(devices))
     args.subset = run["subset"] if args.subset is None else (args.subset[0] if len(args.subset) == 1 else
                                                              tuple(args.subset))
-    for option, key in (("batch_size", "batch_size"), ("lr", "lr"), ("epochs", "num_epochs"), ("width", "width")):
-        if getattr(args, option) is None:
-            setattr(args, option, run[key])
+    for key in ("batch_size", "lr", "num_epochs", "width"):
+        if getattr(args, key) is None:
+            setattr(args, key, run[key])
     return args, devices
 
 
@@ -197,9 +197,10 @@ def main(argv=None):
             plot, history_path = run / PLOT_NAME, history_path or run / HISTORY_NAME
             print(tr(f"run folder: {run}", f"実行フォルダ: {run}"), flush=True)
         torch.manual_seed(args.seed)
+        data = dict(subset=args.subset, root=args.data, shuffle_seed=args.seed)
         history = train(resnet18(10, width=args.width), devices, batch_size=args.batch_size, lr=args.lr,
-                        num_epochs=args.epochs, data=dict(subset=args.subset, root=args.data, shuffle_seed=args.seed),
-                        animator=History.live_plot(args.epochs, path=plot), progress=None, fast=args.fast or None)
+                        num_epochs=args.num_epochs, data=data, animator=History.live_plot(args.num_epochs, path=plot),
+                        progress=None, fast=args.fast or None)
     except (MparlibError, KeyboardInterrupt) as e:
         done = getattr(e, "history", None)  # a diverged run: the epochs finished before it
         if done is not None and done.epochs and history_path:

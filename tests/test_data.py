@@ -1,5 +1,6 @@
-"""Tests of mparlib.sources and mparlib.data: the IDX reader and its errors on small files written here, the look-up order, the
-download path (from a local mirror), the two iterators against each other, and the real data set when installed."""
+"""Tests of mparlib.sources and mparlib.data: the IDX reader and its errors on small files written here, the look-up
+order, the download path (from a local mirror), the two iterators against each other, and the real data set when
+installed."""
 import gzip
 import hashlib
 import os
