@@ -51,7 +51,6 @@ def _cache_dir():
 
 # --- reading and checking -----------------------------------------------------------------------------------------
 def _corrupt(path, problem, problem_ja, own_data_hint=False):
-    path = Path(path)
     if path.is_relative_to(SYSTEM_DIR):
         fix = ("reinstall the package: `sudo apt-get install --reinstall dataset-fashion-mnist`",
                "パッケージを入れ直してください: `sudo apt-get install --reinstall dataset-fashion-mnist`")

@@ -108,12 +108,7 @@ def _cli_devices(ap, args):
                else tr("use --cpu, or leave --gpus out", "--cpu を指定するか --gpus を省いてください"))
         ap.error(tr(f"--gpus {args.gpus}: PyTorch sees {have} GPU(s) on this machine; {fix}",
                     f"--gpus {args.gpus}: このマシンで PyTorch から見える GPU は {have}枚です。{fix}"))
-    if args.cpu:
-        devices = [torch.device("cpu")]
-    elif args.gpus is not None:
-        devices = require_gpus(args.gpus)
-    else:
-        devices = try_all_gpus()
+    devices = [torch.device("cpu")] if args.cpu else require_gpus(args.gpus) if args.gpus else try_all_gpus()
     return devices[:1] if args.fast else devices
 
 
