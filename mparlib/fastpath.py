@@ -139,10 +139,6 @@ class FastPath:
                 "を渡してください（複数 GPU での訓練は 6章の DistributedDataParallel で行います）。"))
         return fast.resolve(devices[0])
 
-    def loader_defaults(self, device):
-        """Arguments of ``load_fashion_mnist`` when :func:`train` loads the data itself (the caller's win)."""
-        return dict(resident=True, device=device) if self.resident else {}
-
     def to_dict(self):
         """Plain data, e.g. for a results JSON."""
         return asdict(self)

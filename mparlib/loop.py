@@ -321,7 +321,8 @@ def train(net, devices=None, *, batch_size=None, lr, num_epochs, data=None, anim
     finite_float(lr, "lr", 0.1)
     module = _plain_model(net)
     fast = fastpath.FastPath.for_train(fast, devices)  # None: the classic loop
-    train_iter, test_iter = _load_data(data, batch_size, **(fast.loader_defaults(devices[0]) if fast else {}))
+    resident = dict(resident=True, device=devices[0]) if fast and fast.resident else {}  # FastPath(resident=True)
+    train_iter, test_iter = _load_data(data, batch_size, **resident)
     module.to(devices[0])  # parameters on devices[0] before any wrapping
     if init:
         example = None
