@@ -23,7 +23,7 @@ import torchvision
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from record import git_commit  # noqa: E402  (benchmarks/record.py)
-from mparlib import data  # noqa: E402
+from mparlib import data, sources  # noqa: E402
 
 HYPER = {
     "batch_size": 256,             # as in d2l's Fashion-MNIST chapters
@@ -81,7 +81,7 @@ def host_kind():
 def main():
     bs, resize = HYPER["batch_size"], HYPER["resize"]
     load_before = os.getloadavg()
-    data.read_split(data.locate(download=False), HYPER["split"])  # read and checked once, outside the clock
+    sources.read_split(sources.locate(download=False), HYPER["split"])  # read and checked once, outside the clock
     cpu = torch.device("cpu")
     rows = []
     for workers in dict.fromkeys(HYPER["classic_num_workers"]):

@@ -1,6 +1,6 @@
 """Training throughput of the course's ResNet-18: the d2l-style loop against mparlib's fast path, in one process.
 
-Claim: ``mparlib.train.train(..., fast=True)`` trains ResNet-18 on Fashion-MNIST (28x28) much faster than the
+Claim: ``mparlib.loop.train(..., fast=True)`` trains ResNet-18 on Fashion-MNIST (28x28) much faster than the
 d2l-style loop of chapter 05 without losing accuracy:
   - GPU (one H200-class GPU): >= 10x the baseline's images/s in the same run, and test accuracy >= 0.91 on the full
     test set within <= 15 s of training time;
@@ -16,7 +16,7 @@ in the JSON written to benchmarks/results/train_throughput-<host kind>.json.
 What runs, all in one process on one device (cuda:0, else the CPU), on the same model (mparlib.models.resnet18(10)):
   throughput         (a) baseline: torchvision-style data set + DataLoader (worker processes, pinned memory on a
                          GPU; persistent workers so that short timed runs do not pay their start-up), fp32 eager,
-                         plain SGD, through mparlib.train.train;
+                         plain SGD, through mparlib.loop.train;
                      (b) fast path: train(..., fast=FastPath(...)) at the baseline's batch size, and on a GPU also
                          at a larger batch and without torch.compile.
                      Same number of training images for every configuration; each run is one train() epoch over
@@ -59,8 +59,8 @@ import torchvision
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from record import git_commit  # noqa: E402  (benchmarks/record.py)
-from mparlib import data, fastpath, loaders  # noqa: E402
-from mparlib import train as T  # noqa: E402
+from mparlib import data, fastpath, sources  # noqa: E402
+from mparlib import loop as T  # noqa: E402
 from mparlib.models import resnet18  # noqa: E402
 from mparlib.timing import matmul_tflops  # noqa: E402
 
@@ -116,8 +116,8 @@ def baseline_loaders(images, labels, test_images, test_labels, batch_size, devic
     workers = min(4, os.cpu_count() or 1)  # d2l uses 4 workers
     pin = device.type == "cuda"
     gen = torch.Generator().manual_seed(HYPER["seed"])
-    train_set = loaders.FashionMNIST(images, labels, transforms.ToTensor())
-    test_set = loaders.FashionMNIST(test_images, test_labels, transforms.ToTensor())
+    train_set = data.FashionMNIST(images, labels, transforms.ToTensor())
+    test_set = data.FashionMNIST(test_images, test_labels, transforms.ToTensor())
     train_iter = torch.utils.data.DataLoader(train_set, batch_size, shuffle=True, generator=gen, num_workers=workers,
                                              pin_memory=pin, persistent_workers=workers > 0)
     test_iter = torch.utils.data.DataLoader(test_set, batch_size)
@@ -127,14 +127,14 @@ def baseline_loaders(images, labels, test_images, test_labels, batch_size, devic
 def fast_loaders(images, labels, test_images, test_labels, batch_size, device):
     """The fast path's input: the uint8 images on the device, batches gathered and normalised there."""
     gen = torch.Generator().manual_seed(HYPER["seed"])
-    return (loaders.ResidentLoader(images, labels, batch_size, shuffle=True, device=device, generator=gen),
-            loaders.ResidentLoader(test_images, test_labels, batch_size, shuffle=False, device=device))
+    return (data.ResidentLoader(images, labels, batch_size, shuffle=True, device=device, generator=gen),
+            data.ResidentLoader(test_images, test_labels, batch_size, shuffle=False, device=device))
 
 
 def throughput(device, hp, quick):
     """Images/s of each configuration: one warm-up run each, then the configurations take turns."""
-    images, labels = data.read_split(data.locate(download=False), "train")
-    test_images, test_labels = data.read_split(data.locate(download=False), "test")
+    images, labels = sources.read_split(sources.locate(download=False), "train")
+    test_images, test_labels = sources.read_split(sources.locate(download=False), "test")
     n_eval = HYPER["eval_images_in_throughput"]
     configs = hp["configs"]
     if device.type == "cuda":
@@ -313,7 +313,7 @@ def main(argv=None):
                           ["throughput", "accuracy", "time-to-accuracy"])
     if args.time_to_accuracy and "time-to-accuracy" not in parts:
         parts.append("time-to-accuracy")
-    data.read_split(data.locate(download=False), "train")  # found and checked once, outside every clock
+    sources.read_split(sources.locate(download=False), "train")  # found and checked once, outside every clock
     load_before = round(os.getloadavg()[0], 2)
     result = {"benchmark": "train_throughput", "claim": __doc__.split("\n\n")[1], "goals": GOALS,
               "hyperparameters": {**{k: v for k, v in HYPER.items() if k not in ("cpu", "cuda")}, kind: hp},

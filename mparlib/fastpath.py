@@ -3,7 +3,7 @@
 ``train(..., fast=True)`` (or ``fast=FastPath(...)``) asks :func:`plan` for the loop's ``StepPlan`` (``mparlib.step``):
 data resident on the device, ``channels_last``, bf16 autocast where the device computes bf16 natively, fused SGD
 with momentum and a warm-up + cosine schedule, label smoothing, and optionally ``torch.compile`` with CUDA graphs.
-The epoch loop, the evaluation and the :class:`mparlib.train.History` are those of chapter 05.
+The epoch loop, the evaluation and the :class:`mparlib.loop.History` are those of chapter 05.
 """
 import contextlib
 import functools
@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from .checks import finite_float, flag, one_of, positive_int
 from .errors import ConfigError
 from .lang import tr
 from .step import StepPlan, autocast_context, move_batch
@@ -44,20 +45,16 @@ def bf16_native(device):
     return device.type == "cpu" and cpu_has_bf16()
 
 
-def _finite(v):
-    return isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)
-
-
-def _refuse(name, value, en, ja):
-    raise ConfigError(tr(f"FastPath({name}={value!r}): {en}", f"FastPath({name}={value!r}): {ja}"))
+def _fraction(v):
+    return isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v) and 0 <= v < 1
 
 
 @dataclass(frozen=True)
 class FastPath:
-    """Settings of :func:`mparlib.train.train`'s fast path; each can be switched off alone. Explained in 07_performance.
+    """Settings of :func:`mparlib.loop.train`'s fast path; each can be switched off alone. Explained in 07_performance.
 
     - ``resident``: when :func:`train` loads the data (``data`` is None or a dict), the whole set stays on the device
-      as uint8 and each batch is gathered and normalised there (:class:`mparlib.loaders.ResidentLoader`).
+      as uint8 and each batch is gathered and normalised there (:class:`mparlib.data.ResidentLoader`).
     - ``channels_last``: model and batches in NHWC memory layout, the layout fast convolution kernels use.
     - ``precision``: ``"auto"`` uses bf16 autocast where the device computes bf16 natively (see :func:`bf16_native`)
       and fp32 elsewhere; ``"bf16"`` or ``"fp32"`` force one. Weights, optimizer and loss sums stay fp32.
@@ -94,29 +91,18 @@ class FastPath:
         """These settings for ``device``, every ``"auto"``/``None`` decided; a ConfigError for a bad value."""
         device = torch.device(device)
         cuda = device.type == "cuda"
-        if self.precision not in ("auto", "bf16", "fp32"):
-            _refuse("precision", self.precision, "use 'auto', 'bf16' or 'fp32'.",
-                    "'auto'、'bf16'、'fp32' のどれかを指定してください。")
-        for name in ("resident", "channels_last", "fused", "nesterov"):
-            if not isinstance(getattr(self, name), bool):
-                _refuse(name, getattr(self, name), "use True or False.", "True か False を指定してください。")
-        for name in ("compile", "cuda_graphs", "drop_last"):
-            if getattr(self, name) is not None and not isinstance(getattr(self, name), bool):
-                _refuse(name, getattr(self, name), "use True, False or None (decided for the device).",
-                        "True、False、または None（デバイスに合わせて決める）を指定してください。")
-        for name in ("momentum", "label_smoothing"):
-            if not (_finite(getattr(self, name)) and 0 <= getattr(self, name) < 1):
-                _refuse(name, getattr(self, name), "use a number in [0, 1).", "[0, 1) の数を指定してください。")
-        if not (_finite(self.weight_decay) and self.weight_decay >= 0):
-            _refuse("weight_decay", self.weight_decay, "use a finite number >= 0 such as 5e-4.",
-                    "5e-4 のような 0 以上の有限の数を指定してください。")
-        if self.warmup is not None and not (_finite(self.warmup) and 0 <= self.warmup < 1):
-            _refuse("warmup", self.warmup,
-                    "use a fraction of the steps in [0, 1), or None for a constant learning rate.",
-                    "ステップ数に対する [0, 1) の割合を指定するか、学習率を一定にするなら None にしてください。")
-        steps = self.warmup_steps
-        if not (isinstance(steps, int) and not isinstance(steps, bool) and steps >= 0):
-            _refuse("warmup_steps", self.warmup_steps, "use an int >= 0.", "0 以上の整数を指定してください。")
+        one_of(self.precision, "precision", ("auto", "bf16", "fp32"), "FastPath")
+        for name in ("resident", "channels_last", "fused", "nesterov", "compile", "cuda_graphs", "drop_last"):
+            flag(getattr(self, name), name, "FastPath", allow_none=name in ("compile", "cuda_graphs", "drop_last"))
+        for name in ("momentum", "label_smoothing", "warmup"):
+            value = getattr(self, name)
+            if not (name == "warmup" and value is None or _fraction(value)):
+                raise ConfigError(tr(f"FastPath({name}={value!r}): use a number in [0, 1)"
+                                     + (", or None for a constant learning rate." if name == "warmup" else "."),
+                                     f"FastPath({name}={value!r}): [0, 1) の数を指定してください"
+                                     + ("（学習率を一定にするなら None）。" if name == "warmup" else "。")))
+        finite_float(self.weight_decay, "weight_decay", 5e-4, "FastPath", minimum=0)
+        positive_int(self.warmup_steps, "warmup_steps", 3, "FastPath", minimum=0)
         if self.cuda_graphs and not cuda:
             raise ConfigError(tr(f"FastPath(cuda_graphs=True) needs a CUDA GPU, but training runs on {device}. "
                                  "Leave cuda_graphs=None: it is then used on GPUs only.",
@@ -152,10 +138,6 @@ class FastPath:
                 f"高速パスは 1つのデバイスで訓練します（指定: {devices}）。devices=[{str(devices[0])!r}] "
                 "を渡してください（複数 GPU での訓練は 6章の DistributedDataParallel で行います）。"))
         return fast.resolve(devices[0])
-
-    def loader_defaults(self, device):
-        """Arguments of ``load_fashion_mnist`` when :func:`train` loads the data itself (the caller's win)."""
-        return dict(resident=True, device=device) if self.resident else {}
 
     def to_dict(self):
         """Plain data, e.g. for a results JSON."""
@@ -198,11 +180,8 @@ def move_batch_fast(X, y, device, channels_last=True):
 @contextlib.contextmanager
 def _cudnn_benchmark(device):
     """On a GPU, let cuDNN time its convolution algorithms once per shape; the previous setting is restored."""
-    if torch.device(device).type != "cuda":
-        yield
-        return
     before = torch.backends.cudnn.benchmark
-    torch.backends.cudnn.benchmark = True
+    torch.backends.cudnn.benchmark = before or torch.device(device).type == "cuda"
     try:
         yield
     finally:

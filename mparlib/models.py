@@ -5,22 +5,14 @@ forward pass, so a weight init that runs earlier silently skips them. Here every
 channels, so the model can be initialised, wrapped and replicated right after it is built.
 Explained in 05_multi_gpu_resnet.
 """
-import math
-
 import torch
 from torch import nn
 from torch.nn import functional as F
 from torch.nn.parameter import is_lazy
 
+from .checks import finite_float, flag, positive_int
 from .errors import ConfigError
 from .lang import tr
-
-
-def _check_count(name, value, what):
-    """A size such as a channel count: a positive int (``True`` is not one)."""
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ConfigError(tr(f"{what}: {name} must be a positive int, got {value!r}.",
-                             f"{what}: {name} には正の整数を指定してください。渡されたのは {value!r} です。"))
 
 
 def _check_net(net, what):
@@ -40,10 +32,8 @@ class Residual(nn.Module):
     def __init__(self, in_channels, out_channels, use_1x1conv=False, strides=1):
         super().__init__()
         for name, value in (("in_channels", in_channels), ("out_channels", out_channels), ("strides", strides)):
-            _check_count(name, value, "Residual")
-        if not isinstance(use_1x1conv, bool):
-            raise ConfigError(tr(f"Residual: use_1x1conv={use_1x1conv!r}; use True or False.",
-                                 f"Residual: use_1x1conv={use_1x1conv!r} です。True か False を指定してください。"))
+            positive_int(value, name, 64, "Residual")
+        flag(use_1x1conv, "use_1x1conv", "Residual")
         if not use_1x1conv and (in_channels != out_channels or strides != 1):
             raise ConfigError(tr(
                 f"Residual({in_channels}, {out_channels}, strides={strides}) changes the shape, so the shortcut "
@@ -84,10 +74,9 @@ def resnet18(num_classes, in_channels=1, width=64):
     after its first forward pass. A smaller width keeps every layer, shape and stride and only narrows the
     channels (``width=16``: about 1/16 of the arithmetic, for quick runs on a CPU).
     """
-    _check_count("num_classes", num_classes, "resnet18")
-    _check_count("in_channels", in_channels, "resnet18")
-    _check_count("width", width, "resnet18")
-    w = width
+    positive_int(num_classes, "num_classes", 10, "resnet18")
+    positive_int(in_channels, "in_channels", 1, "resnet18")
+    w = positive_int(width, "width", 64, "resnet18")
     net = nn.Sequential(
         nn.Conv2d(in_channels, w, kernel_size=3, stride=1, padding=1),  # (N, w, H, W)
         nn.BatchNorm2d(w),
@@ -132,9 +121,7 @@ def init_weights(net, example_input=None, *, std=0.01):
     silently keeping them at their default init. Returns the number of Conv2d/Linear weights initialised.
     """
     _check_net(net, "init_weights")
-    if isinstance(std, bool) or not isinstance(std, (int, float)) or not (math.isfinite(std) and std > 0):
-        raise ConfigError(tr(f"init_weights: std={std!r} must be a positive finite number, such as 0.01.",
-                             f"init_weights: std={std!r} には 0.01 のような正の有限の数を指定してください。"))
+    finite_float(std, "std", 0.01, "init_weights")
     if example_input is not None and not isinstance(example_input, torch.Tensor):
         raise ConfigError(tr(f"init_weights: example_input must be a tensor batch such as torch.zeros(1, 1, 28, 28), "
                              f"got {type(example_input).__name__}.",

@@ -79,8 +79,8 @@ class Animator:
         with course_style():
             self.fig = Figure(figsize=figsize)
             self.ax = self.fig.add_subplot()
-        self.axes_config = dict(xlabel=xlabel, ylabel=ylabel, xlim=xlim, ylim=ylim, xscale=xscale,
-                                yscale=yscale, title=title)
+        self.axes_config = dict(xlabel=xlabel, ylabel=ylabel, xscale=xscale, yscale=yscale, xlim=xlim, ylim=ylim,
+                                title=title)  # applied in this order
         self.legend = list(legend or [])
         self.fmts = fmts
         self.X, self.Y = None, None
@@ -90,22 +90,10 @@ class Animator:
         self.handle = None
 
     def _configure(self):
-        ax, c = self.ax, self.axes_config
-        if c["xlabel"]:
-            ax.set_xlabel(c["xlabel"])
-        if c["ylabel"]:
-            ax.set_ylabel(c["ylabel"])
-        ax.set_xscale(c["xscale"])
-        ax.set_yscale(c["yscale"])
-        if c["xlim"]:
-            ax.set_xlim(c["xlim"])
-        if c["ylim"]:
-            ax.set_ylim(c["ylim"])
-        if c["title"]:
-            ax.set_title(c["title"])
+        self.ax.set(**{k: v for k, v in self.axes_config.items() if v})  # labels, scales, limits, title given
         if self.legend:
-            ax.legend(self.legend[: len(self.X)])
-        ax.grid(True, alpha=0.3)
+            self.ax.legend(self.legend[: len(self.X)])
+        self.ax.grid(True, alpha=0.3)
         self.fig.tight_layout()
 
     def add(self, x, y):

@@ -1,19 +1,26 @@
-"""Where Fashion-MNIST comes from: a folder you name, the user cache, the Debian package, or a download.
+"""Fashion-MNIST's files: where they are, and reading and checking them. Explained in 07_performance.
 
 A folder you name (``root=`` or ``$MPARLIB_DATA``) is used as it is or refused with the reason (missing, a file,
 incomplete, a folder where a file should be); it is never skipped for another copy. Without one, the user cache
 and then the Debian package's folder are searched (partial copies there are skipped and mentioned), and the last
-resort is a download into the user cache. :mod:`mparlib.data` reads and checks what is found here.
-Explained in 07_performance.
+resort is a download into the user cache, checked by the same reader before it is moved there. :func:`read_split`
+reads and checks the IDX files of one split; :mod:`mparlib.data` turns them into mini-batches.
 """
 import difflib
+import gzip
+import hashlib
 import http.client
 import logging
+import math
 import os
 import tempfile
 import urllib.request
+import zlib
 from pathlib import Path, PurePath
 
+import torch
+
+from .checks import flag, one_of
 from .errors import ConfigError, CorruptDataError, DataNotFoundError
 from .lang import tr
 from .progress import quiet
@@ -24,6 +31,15 @@ SYSTEM_DIR = Path("/usr/share/datasets/fashion-mnist")  # installed by `apt-get 
 FILES = {"train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
          "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")}
 STEMS = FILES["train"] + FILES["test"]
+COUNTS = {"train": 60_000, "test": 10_000}
+# sha256 of the *decompressed* IDX files of the original data set: the .gz bytes differ between mirrors and
+# packagers (Debian recompresses them), the content does not.
+SHA256 = {
+    "train-images-idx3-ubyte": "c59f468a2f672dc815687fe0f83887768d799fd8a3f3276145d20f83aa44d888",
+    "train-labels-idx1-ubyte": "bad3541b69d912435c50bb6ba87bec294ff4f6a2e1246121d8633921760443d9",
+    "t10k-images-idx3-ubyte": "5b4141f0afbad91edebe8549f8fcffe087ea10ca49f1dbef5c9a5cd8815ce37b",
+    "t10k-labels-idx1-ubyte": "0402a96d92fd2663957122ceb108a494c5af83dab82d92729df917d7dec38c34",
+}
 
 
 def _cache_dir():
@@ -33,9 +49,123 @@ def _cache_dir():
     return base / "mparlib" / "fashion-mnist"
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Finding the files
-# ----------------------------------------------------------------------------------------------------------------
+# --- reading and checking -----------------------------------------------------------------------------------------
+def _corrupt(path, problem, problem_ja, own_data_hint=False):
+    if path.is_relative_to(SYSTEM_DIR):
+        fix = ("reinstall the package: `sudo apt-get install --reinstall dataset-fashion-mnist`",
+               "パッケージを入れ直してください: `sudo apt-get install --reinstall dataset-fashion-mnist`")
+    elif path.is_relative_to(_cache_dir()):
+        fix = ("delete or rename it and call load_fashion_mnist() again online to download a fresh copy",
+               "このファイルを削除するか名前を変え、オンラインで load_fashion_mnist() をもう一度呼んで新しいコピーを"
+               "ダウンロードしてください")
+    else:
+        fix = ("replace it with a fresh copy of the original Fashion-MNIST file, or move it away so another copy "
+               "is used", "元の Fashion-MNIST のファイルの新しいコピーで置き換えるか、別のコピーが使われるよう移動して"
+               "ください")
+    en = f"Fashion-MNIST file {path} {problem}. The file was left unchanged. To fix it, {fix[0]}."
+    ja = f"Fashion-MNIST のファイル {path} {problem_ja}。ファイルは変更していません。直すには、{fix[1]}。"
+    if own_data_hint:
+        en += " If this is your own data in IDX format on purpose, pass verify=False."
+        ja += "わざと IDX 形式の自前のデータを使っているなら、verify=False を指定してください。"
+    return CorruptDataError(tr(en, ja))
+
+
+_PARSED = {}  # (path, size, mtime) -> (tensor, sha256): loading twice in a notebook reads and checks each file once
+
+
+def _read_idx(path, ndim):
+    """Read an IDX file of unsigned bytes (plain or .gz) found by :func:`_inventory` as a uint8 tensor; also return
+    the sha256 of its content.
+
+    The tensor is a fresh copy on every call: an in-place edit by one caller never reaches the next load.
+    """
+    try:
+        st = path.stat()
+    except FileNotFoundError:  # removed since the folder was listed
+        raise DataNotFoundError(tr(f"Fashion-MNIST: there is no file {path}.",
+                                   f"Fashion-MNIST: ファイル {path} がありません。")) from None
+    key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
+    if key in _PARSED:
+        tensor, sha = _PARSED[key]
+        return tensor.clone(), sha
+    try:
+        raw = path.read_bytes()
+        raw = gzip.decompress(raw) if path.suffix == ".gz" else raw
+    except (OSError, EOFError, zlib.error) as e:
+        raise _corrupt(path, f"cannot be read or decompressed ({e})", f"を読めないか、展開できません（{e}）") from None
+    magic = 0x0800 + ndim  # two zero bytes, type 0x08 (unsigned byte), number of dimensions
+    header = 4 + 4 * ndim
+    if len(raw) < 4 or int.from_bytes(raw[:4], "big") != magic:
+        got = raw[:4].hex() if len(raw) >= 4 else f"{len(raw)} bytes"
+        raise _corrupt(path, f"does not start with the IDX magic number 0x{magic:08x} (found {got}): "
+                             f"it is not an IDX file of {ndim}-dimensional unsigned bytes",
+                       f"は IDX のマジックナンバー 0x{magic:08x} で始まっていません（先頭は {got}）。{ndim}次元の符号なし"
+                       "バイトの IDX ファイルではありません")
+    if len(raw) < header:
+        raise _corrupt(path, f"is truncated: its {len(raw)} bytes end inside the IDX header",
+                       f"は途中で切れています。{len(raw)} バイトしかなく、IDX のヘッダの途中で終わっています")
+    dims = [int.from_bytes(raw[4 + 4 * i:8 + 4 * i], "big") for i in range(ndim)]
+    size = header + math.prod(dims)
+    if len(raw) != size:
+        what = ("is truncated", "は途中で切れています") if len(raw) < size else \
+            ("has extra bytes at the end", "の末尾に余分なバイトがあります")
+        raise _corrupt(path, f"{what[0]}: its header announces shape {tuple(dims)}, i.e. {size} bytes, "
+                             f"but it holds {len(raw)} bytes",
+                       f"{what[1]}。ヘッダが示す形は {tuple(dims)}（{size} バイト）ですが、実際は {len(raw)} バイトです")
+    sha = hashlib.sha256(raw).hexdigest()
+    tensor = torch.frombuffer(bytearray(raw), dtype=torch.uint8, offset=header).reshape(dims)
+    if len(_PARSED) >= 8:  # keep the cache small: the oldest entry goes
+        _PARSED.pop(next(iter(_PARSED)))
+    _PARSED[key] = (tensor, sha)
+    return tensor.clone(), sha
+
+
+def read_split(folder, split, *, verify=True):
+    """Read and check one split: images ``(N, 28, 28)`` uint8 and labels ``(N,)`` int64. Explained in 07_performance.
+
+    Always checked: IDX magic numbers, complete files, 28x28 images, as many labels as images, labels 0-9.
+    With ``verify=True`` (default) also the counts (60,000 train / 10,000 test) and the sha256 of the decompressed
+    content of the original Fashion-MNIST. ``verify=False`` accepts any well-formed IDX files of that shape: your own
+    or a small made-up set (the course's tests use that). Every call returns fresh tensors.
+    """
+    one_of(split, "split", tuple(FILES), "read_split")
+    flag(verify, "verify", "read_split")
+    folder = _as_folder(folder, "read_split")
+    img_stem, lab_stem = FILES[split]
+    found, odd, missing = _inventory(folder)
+    if img_stem not in found or lab_stem not in found:
+        wrong = _problems({s: odd[s] for s in (img_stem, lab_stem) if s in odd},
+                          [s for s in (img_stem, lab_stem) if s in missing])
+        raise DataNotFoundError(tr(f"{folder} lacks the {split} split: " + "; ".join(wrong) + ".",
+                                   f"{folder} には {split} の分割がそろっていません: " + "、".join(wrong) + "。"))
+    img_path, lab_path = found[img_stem], found[lab_stem]
+    images, img_sha = _read_idx(img_path, 3)
+    labels, lab_sha = _read_idx(lab_path, 1)
+    if verify:
+        for path, n in ((img_path, len(images)), (lab_path, len(labels))):
+            if n != COUNTS[split]:
+                raise _corrupt(path, f"holds {n} examples; the {split} set has {COUNTS[split]}",
+                               f"には {n}個の例が入っていますが、{split} の集合は {COUNTS[split]}個です", own_data_hint=True)
+    if tuple(images.shape[1:]) != (28, 28):
+        raise _corrupt(img_path, f"holds {images.shape[1]}x{images.shape[2]} images; Fashion-MNIST's are 28x28",
+                       f"の画像は {images.shape[1]}x{images.shape[2]} ですが、Fashion-MNIST の画像は 28x28 です")
+    if len(images) == 0 or len(labels) != len(images):
+        raise _corrupt(lab_path, f"holds {len(labels)} labels but {img_path.name} holds {len(images)} images",
+                       f"のラベルは {len(labels)}個ですが、{img_path.name} の画像は {len(images)}枚です")
+    if int(labels.max()) > 9:
+        raise _corrupt(lab_path, f"holds the label {int(labels.max())}; labels are the classes 0-9",
+                       f"にラベル {int(labels.max())} があります。ラベルはクラス 0 から 9 です")
+    if verify:
+        for path, stem, sha in ((img_path, img_stem, img_sha), (lab_path, lab_stem, lab_sha)):
+            if sha != SHA256[stem]:
+                raise _corrupt(path, f"differs from the original Fashion-MNIST: the sha256 of its content is "
+                                     f"{sha}, expected {SHA256[stem]}",
+                               f"は元の Fashion-MNIST と違います。中身の sha256 は {sha} で、期待される値は "
+                               f"{SHA256[stem]} です", own_data_hint=True)
+    return images, labels.long()
+
+
+# --- finding the files --------------------------------------------------------------------------------------------
 def _inventory(folder):
     """``(found, odd, missing)``: stem -> file present (plain preferred over .gz); stem -> what stands in its place
     (a folder, a dangling link); the stems with nothing at all."""
@@ -110,7 +240,8 @@ def _default_places():
     places = []
     for folder, why in ((_cache_dir(), tr("user cache", "ユーザーのキャッシュ")),
                         (SYSTEM_DIR, tr("Debian package dataset-fashion-mnist", "Debian パッケージ dataset-fashion-mnist"))):
-        places += [(folder, why), (folder / "FashionMNIST" / "raw", why + tr(", torchvision layout", "、torchvision の配置"))]
+        places += [(folder, why),
+                   (folder / "FashionMNIST" / "raw", why + tr(", torchvision layout", "、torchvision の配置"))]
     return places
 
 
@@ -124,9 +255,7 @@ def _as_folder(root, what):
 
 def _find(root, download):
     """``(folder, why)``: where the four files are, and in words why that folder was chosen."""
-    if not isinstance(download, bool):
-        raise ConfigError(tr(f"download={download!r}; use True or False.",
-                             f"download={download!r} です。True か False を指定してください。"))
+    flag(download, "download", "load_fashion_mnist")
     env = os.environ.get("MPARLIB_DATA", "")
     if root is not None or env:
         why = "root=" if root is not None else "MPARLIB_DATA="
@@ -169,17 +298,19 @@ def _find(root, download):
         f"     ミラーから {target} にダウンロードします。"))
 
 
-def locate(root=None, *, download=True):
+def locate(root=None, *, download=True, why=False):
     """The folder holding all four Fashion-MNIST files, downloading them if allowed. Explained in 07_performance.
 
     ``root`` (or, without it, ``$MPARLIB_DATA``) is used as it is, or refused with the reason (missing, a file,
     incomplete): never skipped. Without either, the user cache, then ``/usr/share/datasets/fashion-mnist`` (each
     also in torchvision's layout ``FOLDER/FashionMNIST/raw``), then a download into the user cache. The folder
-    chosen and why are logged (logger ``mparlib.data``, level INFO).
+    chosen and why are logged (logger ``mparlib.data``, level INFO); ``why=True`` also returns that sentence:
+    ``(folder, sentence)``.
     """
-    folder, why = _find(root, download)
-    log.info("Fashion-MNIST: %s (%s)", folder, why)
-    return folder
+    folder, reason = _find(root, download)
+    sentence = tr(f"Fashion-MNIST: {folder} ({reason})", f"Fashion-MNIST: {folder}（{reason}）")
+    log.info("%s", sentence)
+    return (folder, sentence) if why else folder
 
 
 def _download(target):
@@ -187,7 +318,6 @@ def _download(target):
     from torchvision.datasets import FashionMNIST
     from tqdm.auto import tqdm
 
-    from .data import _PARSED, read_split  # the reader checks the download as it checks any copy
 
     target.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".download-", dir=target) as tmp:

@@ -1,407 +1,219 @@
-"""Train a classifier on one or several devices, d2l style but robust. Explained in 05_multi_gpu_resnet.
+"""``python -m mparlib.train``: chapter 05's experiment in a terminal, and its sizes. Explained in 05_multi_gpu_resnet.
 
-:func:`train` moves the model to ``devices[0]``, wraps it in ``nn.DataParallel`` only when there are several
-GPUs, initialises its weights (lazy layers included), trains with SGD, plots train loss and accuracies live,
-and returns a :class:`History`. Ctrl-C (or the notebook's stop button) ends training early and still returns
-the epochs done so far; a loss that becomes NaN or infinite stops it with :class:`mparlib.errors.TrainingDiverged`.
-
-With the CPU listed several times (``["cpu"] * 2``) the devices are simulated: each batch is split by the course's
-own ``mparlib.parallel.data_parallel`` (``mparlib.step.SimulatedDataParallel``), so the data-parallel step can be
-watched on a machine without GPUs. One step is made of small parts (``make_optimizer``, ``autocast_context``,
-``move_batch``, ``train_step``, in ``mparlib.step``) gathered in a ``StepPlan``. The epoch loop runs whatever plan
-it is given: chapter 05's (``classic_plan``), or with ``train(..., fast=True)`` the fast path of 07_performance
-(``mparlib.fastpath.plan``).
-
-The chapter-5 experiment as a script (``mparlib.train_cli``; it writes into a new folder under ``runs/`` unless
-told where)::
-
-    python -m mparlib.train --help
-    python -m mparlib.train --gpus 2 --batch-size 512 --lr 0.2 --plot resnet18_2gpus.png
+Trains the course's ResNet-18 on Fashion-MNIST with :func:`mparlib.loop.train` and writes the live plot and the
+history; its defaults are the chapter's runs (:func:`experiment`), which the notebook uses too. Nothing is written
+into the current folder unasked: without ``--plot`` the files go into a new run folder
+``runs/train-YYYYmmdd-HHMMSS/``, and a file named by ``--plot`` or ``--json`` is never replaced without
+``--overwrite``. Course errors end with ``error: ...`` and exit code 2; any other exception shows its traceback.
 """
-import collections.abc
-import contextlib
-import copy
+import argparse
+import json
 import math
-import numbers
-from dataclasses import asdict, dataclass, field
+import sys
+import time
+from pathlib import Path
 
 import torch
-from torch import nn
 
-from . import devices as _devices
-from . import fastpath
-from .checkpoint import unwrap
-from .errors import ConfigError, DeviceError, TrainingDiverged
+from .checks import positive_int
+from .devices import num_gpus, profile as course_profile, require_gpus, try_all_gpus
+from .errors import ConfigError, MparlibError
+from .files import atomic_write_bytes
 from .lang import tr
-from .models import init_weights, lazy_modules
-from .parallel import scatter
-from .progress import progress_bar
-# the parts of one step live in mparlib.step; chapters 05 and 07 use them under these names
-from .step import (StepPlan, autocast_context, classic_plan, make_optimizer, move_batch, train_step,  # noqa: F401
-                   wrap_model)
-from .timing import Timer
+from .loop import History, train
+from .models import resnet18
+
+PER_DEVICE = {  # measured to learn; on k devices batch size and learning rate are k times these
+    "full": dict(width=64, batch_size=256, lr=0.1, num_epochs=10, subset=None),  # d2l's experiment, its ResNet-18
+    # a minute and a half on two CPU cores: a narrow ResNet-18, small batches (many steps), d2l's plain SGD
+    "smoke": dict(width=8, batch_size=16, lr=0.025, num_epochs=2, subset=(12000, 1000)),
+}
+PLOT_NAME, HISTORY_NAME = "resnet18_fashion_mnist.png", "history.json"  # the files of a run folder
 
 
-def check_devices(devices, *, simulated=False):
-    """``devices`` as a list of devices :func:`train` can use, or a DeviceError. Explained in 05_multi_gpu_resnet.
+def experiment(k=1, profile=None):
+    """Chapter 05's run on ``k`` devices in a course profile (default: this one). Explained in 05_multi_gpu_resnet.
 
-    ``None`` means ``mparlib.try_all_gpus()``; one device alone (``"cpu"``, ``0``) means a list of one. Parsing and
-    existence are checked by :func:`mparlib.devices.check_devices`; on top, several devices must all be GPUs,
-    because ``nn.DataParallel`` splits a batch over CUDA devices only, and none may appear twice. ``simulated=True``
-    also accepts one device listed k times (``["cpu"] * 2``, ``["cuda:0"] * 2``): k simulated devices, which
-    :func:`train` and :func:`evaluate_accuracy` split batches over with ``mparlib.parallel``.
+    A dict of ``width`` (for ``mparlib.models.resnet18``), ``batch_size``, ``lr``, ``num_epochs`` and ``subset`` (for
+    ``mparlib.data.load_fashion_mnist``): the one-device run with batch size and learning rate multiplied by ``k``.
     """
-    if devices is None:
-        return _devices.try_all_gpus()
-    if isinstance(devices, (str, int, torch.device)):
-        return [_devices.check_device(devices, "devices")]
-    devices = _devices.check_devices(devices)
-    if simulated and all(d == devices[0] for d in devices):
-        return devices
-    if len(devices) > 1 and devices[0].type != "cuda":
-        raise DeviceError(tr(
-            f"nn.DataParallel splits a batch over CUDA GPUs only, so {devices} cannot be used together. "
-            "Train on one device, e.g. devices=[torch.device('cpu')], or simulate several devices on the CPU with "
-            "devices=['cpu'] * 2 (mparlib.parallel.data_parallel splits each batch, as in 03_primitives).",
-            f"nn.DataParallel がミニバッチを分配できるのは CUDA の GPU だけなので、{devices} はまとめて使えません。"
-            "devices=[torch.device('cpu')] のように 1つのデバイスで訓練するか、devices=['cpu'] * 2 として CPU 上で"
-            "複数のデバイスを模擬してください（3章と同じく mparlib.parallel.data_parallel が各バッチを分けます）。"))
-    if len(set(devices)) != len(devices):
-        raise DeviceError(tr(f"A device appears twice in {devices}: list each device once.",
-                             f"{devices} に同じデバイスが 2回あります。各デバイスは 1回だけ指定してください。"))
-    return devices
+    k = positive_int(k, "k", 2, "experiment")
+    run = dict(PER_DEVICE[course_profile() if profile is None else profile])
+    return {**run, "batch_size": run["batch_size"] * k, "lr": run["lr"] * k}
 
 
-def _described(obj):
-    if isinstance(obj, torch.Tensor):
-        return tr(f"a tensor of shape {tuple(obj.shape)}", f"形状 {tuple(obj.shape)} のテンソル")
-    return tr(type(obj).__name__, f"型 {type(obj).__name__} のオブジェクト")
-
-
-def _pair(batch, what):
-    """One batch as ``(X, y)``, or a ConfigError saying what the iterator yielded instead."""
-    if not isinstance(batch, torch.Tensor):
-        with contextlib.suppress(TypeError, ValueError):
-            X, y = batch
-            return X, y
-    shown = _described(batch)
-    raise ConfigError(tr(f"{what} yielded {shown}; each batch must be a pair (images, labels), as a DataLoader over "
-                         "a data set of (image, label) items gives.",
-                         f"{what} が{shown}を返しました。各バッチは (画像, ラベル) の組でなければなりません"
-                         "（(画像, ラベル) を返すデータセットの DataLoader が返す形です）。"))
-
-
-def _no_batch(what, why_en="", why_ja=""):
-    return ConfigError(tr(f"{what} yielded no batch{why_en}: give it at least one (images, labels) batch.",
-                          f"{what} がバッチを 1つも返しませんでした{why_ja}。(画像, ラベル) のバッチを 1つ以上"
-                          "返すようにしてください。"))
-
-
-def evaluate_accuracy(net, data_iter, devices=None):
-    """Fraction of correct predictions, each batch split over ``devices``. Explained in 05_multi_gpu_resnet.
-
-    Like d2l's ``evaluate_accuracy_gpus``: every device gets a shard of each batch and a copy of the model (in
-    evaluation mode, so batch norm uses its running statistics and the shards do not change the result); the
-    correct predictions of the shards are summed. ``devices`` defaults to the device of the model's parameters.
-    """
-    module = _plain_model(net)
-    devices = check_devices([next(module.parameters()).device] if devices is None else devices, simulated=True)
-    lazy = lazy_modules(module)
-    if lazy:
-        raise ConfigError(tr(f"The model still has lazy layers (e.g. {lazy[0]!r}): run one forward pass or "
-                             "mparlib.models.init_weights(net, example_batch) first.",
-                             f"モデルにまだ遅延層があります（例: {lazy[0]!r}）。先に順伝播を 1回実行するか、"
-                             "mparlib.models.init_weights(net, example_batch) を呼んでください。"))
-    was_training = module.training
-    module.eval()
-    home = next(module.parameters()).device
-    replicas = [module if d == home else copy.deepcopy(module).to(d) for d in devices]  # one copy per other device
-    correct = [torch.zeros((), dtype=torch.int64, device=d) for d in devices]  # summed on each device, no sync
-    count = 0
-    try:
-        with torch.no_grad():
-            for batch in data_iter:
-                X, y = _pair(batch, "test_iter")
-                X_shards, y_shards = scatter(X, devices), scatter(y, devices)  # torch.chunk sizes
-                for i, (replica, Xs, ys) in enumerate(zip(replicas, X_shards, y_shards)):
-                    correct[i] += (replica(Xs).argmax(dim=1) == ys).sum()  # (B_i, classes) -> (B_i,)
-                count += len(y)
-    finally:
-        module.train(was_training)
-    if count == 0:
-        raise _no_batch("test_iter")
-    return sum(int(c) for c in correct) / count
-
-
-@dataclass
-class History:
-    """What :func:`train` measured, one entry per finished epoch. Explained in 05_multi_gpu_resnet.
-
-    ``seconds`` is the training time of each epoch (data loading included, evaluation excluded, as in d2l);
-    ``images_per_s`` the training throughput. ``interrupted`` is True when Ctrl-C ended the run early.
-    """
-
-    devices: list
-    batch_size: int = None
-    lr: float = None
-    train_loss: list = field(default_factory=list)
-    train_acc: list = field(default_factory=list)
-    test_acc: list = field(default_factory=list)
-    seconds: list = field(default_factory=list)
-    images_per_s: list = field(default_factory=list)
-    interrupted: bool = False
-    fast: dict = None  # the resolved FastPath settings (and the untimed warm-up's seconds), None for the classic loop
-
-    @property
-    def epochs(self):
-        """Number of finished epochs."""
-        return len(self.test_acc)
-
-    def sec_per_epoch(self):
-        """Mean training seconds per finished epoch."""
-        return sum(self.seconds) / len(self.seconds) if self.seconds else float("nan")
-
-    def summary(self):
-        """d2l's one-line result: ``test acc: 0.91, 12.3 sec/epoch on [device(type='cuda', index=0)]``."""
-        if not self.test_acc:
-            return tr("no epoch finished", "終了したエポックはありません")
-        acc, sec = self.test_acc[-1], self.sec_per_epoch()
-        return tr(f"test acc: {acc:.2f}, {sec:.1f} sec/epoch on {self.devices}",
-                  f"テスト精度: {acc:.2f}、1エポック {sec:.1f}秒、デバイス: {self.devices}")
-
-    def to_dict(self):
-        """Plain data (devices as strings), e.g. for ``json.dump``."""
-        d = asdict(self)
-        d["devices"] = [str(dev) for dev in self.devices]
-        return d
-
-
-# --- the loop ------------------------------------------------------------------------------------------------
-
-def _check_arguments(lr, num_epochs, batch_size):
-    def _positive_int(v):
-        return isinstance(v, numbers.Integral) and not isinstance(v, bool) and v > 0
-
-    if not _positive_int(num_epochs):
-        raise ConfigError(tr(f"num_epochs={num_epochs!r}: use a positive int such as 10.",
-                             f"num_epochs={num_epochs!r}: 10 のような正の整数を指定してください。"))
-    if batch_size is not None and not _positive_int(batch_size):
-        raise ConfigError(tr(f"batch_size={batch_size!r}: use a positive int such as 256.",
-                             f"batch_size={batch_size!r}: 256 のような正の整数を指定してください。"))
-    if not (isinstance(lr, numbers.Real) and not isinstance(lr, bool) and math.isfinite(lr) and lr > 0):
-        raise ConfigError(tr(f"lr={lr!r}: use a positive, finite learning rate such as 0.1.",
-                             f"lr={lr!r}: 0.1 のような正の有限の学習率を指定してください。"))
-
-
-def _plain_model(net):
-    """The plain module under ``net``, checked to be a model with real parameters."""
-    if not isinstance(net, nn.Module):
-        raise ConfigError(tr(f"net={type(net).__name__}: pass a torch.nn.Module, e.g. mparlib.models.resnet18(10).",
-                             f"net={type(net).__name__}: mparlib.models.resnet18(10) のような torch.nn.Module を渡して"
-                             "ください。"))
-    module = unwrap(net)
-    params = list(module.parameters())
-    if not params or any(p.is_meta for p in params):
-        raise ConfigError(tr(f"{type(module).__name__} has no parameters with values (none at all, or on the meta "
-                             "device): build the model on a real device, or call net.to_empty(device='cpu') first.",
-                             f"{type(module).__name__} には値のあるパラメータがありません（1つもないか、meta デバイス上に"
-                             "あります）。実際のデバイス上でモデルを作るか、先に net.to_empty(device='cpu') を呼んで"
-                             "ください。"))
-    return module
-
-
-def _check_iterable(it, name):
-    if isinstance(it, torch.Tensor) or not isinstance(it, collections.abc.Iterable):
-        got = _described(it)
-        raise ConfigError(tr(f"{name} is {got}; it must yield (images, labels) batches, e.g. "
-                             "torch.utils.data.DataLoader(TensorDataset(X, y), batch_size) or a list of (X, y) pairs.",
-                             f"{name} が{got}です。(画像, ラベル) のバッチを返すもの、たとえば "
-                             "torch.utils.data.DataLoader(TensorDataset(X, y), batch_size) や (X, y) の組のリストを"
-                             "渡してください。"))
-    if isinstance(it, collections.abc.Iterator):
-        raise ConfigError(tr(f"{name} is a one-pass iterator ({type(it).__name__}), but train() reads it once per "
-                             "epoch: pass something that can be iterated again, such as a DataLoader or a list.",
-                             f"{name} は 1回しか走査できないイテレータ（{type(it).__name__}）ですが、train() は"
-                             "エポックごとに読み直します。DataLoader やリストのように何度でも走査できるものを渡して"
-                             "ください。"))
-    if isinstance(it, collections.abc.Sized) and len(it) == 0:
-        raise _no_batch(name)  # before any training, not after the first epoch
-
-
-def _load_data(data, batch_size, **defaults):
-    if isinstance(data, (tuple, list)) and len(data) == 2:
-        for it, name in zip(data, ("train_iter", "test_iter")):
-            _check_iterable(it, name)
-        return data
-    if data is not None and not isinstance(data, dict):
-        raise ConfigError(tr("data must be None, a dict of load_fashion_mnist arguments, or (train_iter, test_iter).",
-                             "data には None、load_fashion_mnist の引数の dict、または (train_iter, test_iter) を渡して"
-                             "ください。"))
-    if batch_size is None:
-        raise ConfigError(tr("Give batch_size=... so that the data can be loaded.",
-                             "データを読み込むために batch_size=... を指定してください。"))
-    from .data import load_fashion_mnist
-
-    return load_fashion_mnist(batch_size, **{**defaults, **(data or {})})  # the caller's arguments win
-
-
-def _make_animator(num_epochs, path=None):
-    """The live plot of :func:`train`: train loss, train and test accuracy per epoch, in the notebook's language."""
-    from .plot import Animator
-
-    return Animator(xlabel=tr("epoch", "エポック"), xlim=[0, num_epochs],
-                    legend=[tr("train loss", "訓練損失"), tr("train acc", "訓練精度"), tr("test acc", "テスト精度")],
-                    fmts=("-", "m--", "g-o"), path=path)
-
-
-class _Sums:
-    """One epoch's running sums, kept on the device: adding to them never waits for it, reading them does."""
-
-    def __init__(self, device, epoch):
-        self.epoch = epoch  # counted from 1
-        self.loss = torch.zeros((), device=device)  # sum of the examples' losses (fp32)
-        self.correct = torch.zeros((), dtype=torch.int64, device=device)
-        self.count = self.done = 0  # examples trained on; batches drawn until the last step
-        self.read = 0.0  # the loss sum at the last check
-        self.unchecked = []  # (step, loss sum of that step) since the last check
-
-    def add(self, step, loss_sum, correct, n):
-        self.loss += loss_sum
-        self.correct += correct
-        self.count, self.done = self.count + n, step
-        self.unchecked.append((step, loss_sum))  # a reference, no copy and no sync
-
-    def check(self):
-        """Mean loss so far (waits for the device); TrainingDiverged naming the first step whose loss is not finite."""
-        total = float(self.loss)
-        if not math.isfinite(total):  # once NaN or inf, a sum stays so: find the step where it began
-            steps = [s for s, _ in self.unchecked]
-            losses = torch.stack([v for _, v in self.unchecked]).float()
-            bad = ~torch.isfinite(losses)
-            if not bad.any():  # every loss finite, but so large that their sum overflowed
-                bad = ~torch.isfinite(self.read + torch.cumsum(losses, 0))
-            k = int(bad.int().argmax())
-            value = float(losses[k])
-            raise TrainingDiverged(tr(
-                f"The training loss became {value} in epoch {self.epoch}, step {steps[k]}; training stopped. Lower "
-                "the learning rate, check that the inputs hold no NaN or inf (torch.isfinite(X).all()), and check the "
-                "model's forward pass. The epochs finished before are in this error's .history.",
-                f"{self.epoch}エポック目のステップ {steps[k]} で訓練損失が {value} になったため、訓練を止めました。"
-                "学習率を下げてください。また、入力に NaN や inf がないか（torch.isfinite(X).all()）、モデルの"
-                "順伝播に問題がないかを確かめてください。それまでに終わったエポックの記録はこのエラーの .history に"
-                "あります。"))
-        self.read, self.unchecked = total, []
-        return total / max(self.count, 1)
-
-
-def _train_epoch(step, train_iter, device, sums, num_epochs, animator, progress):
-    """One pass over ``train_iter`` with the plan's step; returns its training seconds (plotting not timed)."""
-    num_batches = len(train_iter) if hasattr(train_iter, "__len__") else None
-    points = step.plot_points if num_batches else 0
-    marks = {max(1, num_batches * k // points) for k in range(1, points + 1)} if points else set()
-    bar = progress_bar(train_iter, num_batches, f"epoch {sums.epoch}/{num_epochs}", progress)
-    timer = Timer(device)
-    timer.start()
-    try:
-        for i, batch in enumerate(bar if bar is not None else train_iter):
-            X, y = _pair(batch, "train_iter")
-            if step.batch_size is not None and len(y) != step.batch_size:
-                continue  # e.g. a smaller last batch, which would need another compiled graph
-            X, y = step.prepare(X, y, device)
-            if step.cuda_graphs:
-                torch.compiler.cudagraph_mark_step_begin()  # the previous step's graph outputs are done with
-            sums.add(i + 1, *train_step(step.model, X, y, step.loss_fn, step.optimizer, step.autocast))
-            if step.scheduler is not None:
-                step.scheduler.step()
-            if sums.done in marks:  # read the sums here only: reading waits for the device
-                timer.stop()
-                loss = sums.check()
-                if animator and sums.done < num_batches:
-                    animator.add(sums.epoch - 1 + sums.done / num_batches, (loss, int(sums.correct) / sums.count, None))
-                timer.start()
-    finally:
-        if bar is not None:
-            bar.close()
-    timer.stop()
-    if sums.count == 0:
-        n = step.batch_size
-        raise _no_batch("train_iter", *(() if n is None else (
-            f" of size {n} (batches of another size are skipped: FastPath(drop_last=True))",
-            f"（サイズ {n} 以外のバッチは飛ばされます: FastPath(drop_last=True)）")))
-    return timer.sum()
-
-
-def train(net, devices=None, *, batch_size=None, lr, num_epochs, data=None, animator=True, init=True,
-          progress=None, verbose=True, fast=None):
-    """Train ``net`` with SGD and cross-entropy on ``devices``; a :class:`History`. Explained in 05_multi_gpu_resnet.
-
-    - ``devices``: a list of devices (default ``mparlib.try_all_gpus()``), checked by :func:`check_devices`. The
-      model is moved to ``devices[0]``; with several GPUs it is wrapped in ``nn.DataParallel``, with the CPU listed
-      several times in ``mparlib.step.SimulatedDataParallel`` (simulated devices).
-    - ``data``: ``(train_iter, test_iter)``, each iterable once per epoch, or ``None``/a dict of arguments for
-      ``mparlib.data.load_fashion_mnist(batch_size, ...)``.
-    - ``init=True`` draws conv/linear weights from N(0, 0.01^2) as d2l does, lazy layers included
-      (see :func:`mparlib.models.init_weights`); ``init=False`` keeps the weights (e.g. to continue training).
-    - ``animator``: True for the live plot, False for none, or an ``Animator`` (e.g. with ``path="run.png"``).
-    - ``progress``: a tqdm bar over batches; ``None`` shows it in a terminal (or in Jupyter with ipywidgets).
-    - Prints d2l's one-line summary unless ``verbose=False``. Ctrl-C returns the epochs finished so far. A loss that
-      is not finite raises ``TrainingDiverged`` naming the epoch and step (its ``.history`` holds the epochs done).
-    - ``fast``: ``True`` or a ``mparlib.fastpath.FastPath`` trains on one device with the fast parts of
-      07_performance (``lr`` is then the peak of the schedule); the epoch loop, the evaluation and the history stay.
-    """
-    devices = check_devices(devices, simulated=True)
-    _check_arguments(lr, num_epochs, batch_size)
-    module = _plain_model(net)
-    fast = fastpath.FastPath.for_train(fast, devices)  # None: the classic loop
-    train_iter, test_iter = _load_data(data, batch_size, **(fast.loader_defaults(devices[0]) if fast else {}))
-    module.to(devices[0])  # parameters on devices[0] before any wrapping
-    if init:
-        example = None
-        if lazy_modules(module):  # one image creates the lazy parameters
-            first = next(iter(test_iter), None)
-            if first is None:
-                raise _no_batch("test_iter")
-            example = _pair(first, "test_iter")[0][:1].to(devices[0])
-        init_weights(module, example)
-    model = wrap_model(module, devices)  # the module, nn.DataParallel, or simulated devices
-    step = (classic_plan(model, devices[0], lr) if fast is None else
-            fastpath.plan(module, devices[0], fast, lr, num_epochs, batch_size, train_iter, test_iter))
-    if animator is True:
-        animator = _make_animator(num_epochs)
-    history = History(devices=devices, batch_size=batch_size, lr=lr, fast=step.info)
-    sums = None
-    with step.settings():
+def _positive(kind):
+    """An argparse type: a positive, finite number of type ``kind`` (``nan``, ``inf``, ``0`` are refused)."""
+    def parse(text):
         try:
-            for epoch in range(1, num_epochs + 1):
-                model.train()
-                sums = _Sums(devices[0], epoch)
-                seconds = _train_epoch(step, train_iter, devices[0], sums, num_epochs, animator, progress)
-                loss = sums.check()
-                test_acc = evaluate_accuracy(module, test_iter, devices)  # the eager, unwrapped model, fp32
-                history.train_loss.append(loss)
-                history.train_acc.append(int(sums.correct) / sums.count)
-                history.test_acc.append(test_acc)
-                history.seconds.append(seconds)
-                history.images_per_s.append(sums.count / seconds)
-                if animator:
-                    animator.add(epoch, (history.train_loss[-1], history.train_acc[-1], test_acc))
-        except KeyboardInterrupt:
-            history.interrupted = True
-            done = sums.done if sums is not None else 0
-            if verbose:
-                print(tr(f"Interrupted in epoch {history.epochs + 1} after {done} batch(es); returning the "
-                         f"{history.epochs} finished epoch(s).",
-                         f"{history.epochs + 1}エポック目の {done}バッチを処理したところで中断しました。終了した "
-                         f"{history.epochs}エポック分の記録を返します。"), flush=True)
-        except TrainingDiverged as e:
-            e.history = history
-            raise
-    if verbose and history.epochs:
-        print(history.summary(), flush=True)
-    return history
+            value = kind(text)
+        except ValueError:
+            value = None
+        if value is None or not (math.isfinite(value) and value > 0):
+            what = tr("a positive integer", "正の整数") if kind is int else tr("a positive, finite number", "正の有限の数")
+            raise argparse.ArgumentTypeError(tr(f"{text!r} is not {what}", f"{text!r} は{what}ではありません"))
+        return value
+
+    return parse
 
 
-if __name__ == "__main__":  # python -m mparlib.train: the command line is mparlib.train_cli
-    from mparlib.train_cli import main
+def _parser(one):
+    """The options; ``one`` is the one-device run of the course profile, whose numbers the defaults follow."""
+    ap = argparse.ArgumentParser(
+        prog="python -m mparlib.train",
+        description="Train the course's ResNet-18 on Fashion-MNIST on one or several GPUs "
+                    "(chapter 05_multi_gpu_resnet) and write the live plot and the history. Defaults follow the "
+                    f"course profile (now {course_profile()!r}; set MPARLIB_PROFILE=smoke|full to change it); on k "
+                    "devices batch size and learning rate are k times those of one device.",
+        epilog="d2l's two runs: `--gpus 1 --batch-size 256 --lr 0.1` and `--gpus 2 --batch-size 512 --lr 0.2`. "
+               "Without --plot, the files go into a new folder runs/train-YYYYmmdd-HHMMSS/ of the current folder.")
+    ap.add_argument("--gpus", type=_positive(int), default=None,
+                    help="number of GPUs to use (error if fewer exist); default: all GPUs, or the CPU without one")
+    ap.add_argument("--cpu", action="store_true", help="train on the CPU even if GPUs exist")
+    ap.add_argument("--batch-size", type=_positive(int), default=None,
+                    help=f"global batch size, split over the GPUs (default: {one['batch_size']} per device)")
+    ap.add_argument("--lr", type=_positive(float), default=None,
+                    help=f"SGD learning rate (default: {one['lr']} per device)")
+    ap.add_argument("--epochs", type=_positive(int), default=None, dest="num_epochs",
+                    help=f"number of epochs (default: {one['num_epochs']})")
+    ap.add_argument("--width", type=_positive(int), default=None,
+                    help=f"channels of the network's first stage; 64 is d2l's ResNet-18 (default: {one['width']})")
+    ap.add_argument("--subset", type=_positive(int), nargs="*", default=None, metavar="N",
+                    help="train on the first N images (and N//6 test images), or give N_TRAIN N_TEST; "
+                         f"default: {one['subset'] or 'all 60,000 / 10,000'}")
+    ap.add_argument("--data", default=None, help="folder holding the Fashion-MNIST files (default: searched)")
+    ap.add_argument("--plot", default=None,
+                    help=f"PNG file for the plot (default: {PLOT_NAME} in a new run folder under runs/)")
+    ap.add_argument("--json", default=None,
+                    help=f"JSON file for the history (default: {HISTORY_NAME} in the run folder, or none with --plot)")
+    ap.add_argument("--overwrite", action="store_true", help="replace --plot/--json files that already exist")
+    ap.add_argument("--seed", type=int, default=0, help="random seed of the weights and the data order (default: 0)")
+    ap.add_argument("--fast", action="store_true",
+                    help="the fast path of 07_performance on one device (the first GPU, or the CPU): resident data, "
+                         "channels_last, bf16 where native, fused SGD with momentum and a warm-up + cosine schedule, "
+                         "torch.compile on GPUs")
+    return ap
 
+
+def _cli_devices(ap, args):
+    """The devices of the command line, or a usage error saying which option to change."""
+    if args.gpus is not None and args.cpu:
+        ap.error(tr("use either --gpus N or --cpu", "--gpus N と --cpu のどちらか一方を指定してください"))
+    if args.fast and (args.gpus or 1) > 1:
+        ap.error(tr(f"--fast trains on one device; use --gpus 1 (or leave it out), not --gpus {args.gpus}",
+                    f"--fast は 1つのデバイスで訓練します。--gpus {args.gpus} ではなく --gpus 1 にするか、省いてください"))
+    have = num_gpus()
+    if args.gpus is not None and args.gpus > have:
+        fix = (tr(f"use --gpus {have} or fewer, or --cpu", f"--gpus {have} 以下にするか --cpu を指定してください") if have
+               else tr("use --cpu, or leave --gpus out", "--cpu を指定するか --gpus を省いてください"))
+        ap.error(tr(f"--gpus {args.gpus}: PyTorch sees {have} GPU(s) on this machine; {fix}",
+                    f"--gpus {args.gpus}: このマシンで PyTorch から見える GPU は {have}枚です。{fix}"))
+    devices = [torch.device("cpu")] if args.cpu else require_gpus(args.gpus) if args.gpus else try_all_gpus()
+    return devices[:1] if args.fast else devices
+
+
+def _check_outputs(ap, args):
+    """Refuse --plot/--json files that would replace something (unless --overwrite) or collide."""
+    paths = [(option, Path(p)) for option, p in (("--plot", args.plot), ("--json", args.json)) if p]
+    if len(paths) == 2 and paths[0][1].resolve() == paths[1][1].resolve():
+        ap.error(tr(f"--plot and --json name the same file {paths[0][1]}; give two file names",
+                    f"--plot と --json が同じファイル {paths[0][1]} を指しています。別々のファイル名を指定してください"))
+    for option, path in paths:
+        if path.is_dir():
+            ap.error(tr(f"{option} {path} is a folder; give a file name inside it",
+                        f"{option} {path} はフォルダです。その中のファイル名を指定してください"))
+        if path.exists() and not args.overwrite:
+            ap.error(tr(f"{path} exists; choose another {option} file or pass --overwrite to replace it",
+                        f"{path} はすでにあります。別の {option} ファイルを指定するか、置き換えるなら --overwrite を"
+                        "付けてください"))
+
+
+def _new_run_folder(base="runs"):
+    """A new, empty folder ``runs/train-YYYYmmdd-HHMMSS`` (``-2``, ``-3``, ... when taken): never an old one.
+
+    Returns the folder and the folders made for it (to remove again if the run writes nothing).
+    """
+    base = Path(base)
+    made = [] if base.is_dir() else [base]
+    if base.exists() and not base.is_dir():
+        raise ConfigError(tr(f"{base} is a file, so no run folder can be made in it; pass --plot FILE (and --json "
+                             "FILE) to say where the results go.",
+                             f"{base} はファイルなので、その中に実行フォルダを作れません。--plot FILE（と --json FILE）"
+                             "で結果の書き込み先を指定してください。"))
+    base.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for k in range(1, 10_000):
+        folder = base / (f"train-{stamp}" if k == 1 else f"train-{stamp}-{k}")
+        try:
+            folder.mkdir()  # atomic: two runs never get the same folder
+            return folder, [folder] + made
+        except FileExistsError:
+            continue
+    raise ConfigError(f"{base}: no free run-folder name for {stamp}")
+
+
+def _arguments(argv):
+    """The parsed options, the devices, and every default filled in from :func:`experiment` on those devices."""
+    ap = _parser(experiment(1))
+    args = ap.parse_args(argv)
+    devices = _cli_devices(ap, args)
+    _check_outputs(ap, args)
+    if args.subset is not None and len(args.subset) not in (1, 2):
+        ap.error(tr("--subset takes N or N_TRAIN N_TEST", "--subset には N か N_TRAIN N_TEST を指定してください"))
+    run = experiment(len(devices))
+    args.subset = run["subset"] if args.subset is None else (args.subset[0] if len(args.subset) == 1 else
+                                                             tuple(args.subset))
+    for key in ("batch_size", "lr", "num_epochs", "width"):
+        if getattr(args, key) is None:
+            setattr(args, key, run[key])
+    return args, devices
+
+
+def _write_history(path, history):
+    atomic_write_bytes(path, (json.dumps(history.to_dict(), indent=1) + "\n").encode())
+
+
+def main(argv=None):
+    """``python -m mparlib.train``: train ResNet-18, write its plot and history. Explained in 05_multi_gpu_resnet.
+
+    Returns the exit code: 0 when done, 2 for a course error (printed as ``error: ...``), 130 when interrupted.
+    Any other exception is a bug and shows its traceback.
+    """
+    try:
+        course_profile()  # a bad MPARLIB_PROFILE is a course error, not a usage error
+    except MparlibError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    args, devices = _arguments(argv)
+    plot, history_path, made = args.plot, args.json, []
+    try:
+        if plot is None:
+            run, made = _new_run_folder()
+            plot, history_path = run / PLOT_NAME, history_path or run / HISTORY_NAME
+            print(tr(f"run folder: {run}", f"実行フォルダ: {run}"), flush=True)
+        torch.manual_seed(args.seed)
+        data = dict(subset=args.subset, root=args.data, shuffle_seed=args.seed)
+        history = train(resnet18(10, width=args.width), devices, batch_size=args.batch_size, lr=args.lr,
+                        num_epochs=args.num_epochs, data=data, animator=History.live_plot(args.num_epochs, path=plot),
+                        progress=None, fast=args.fast or None)
+    except (MparlibError, KeyboardInterrupt) as e:
+        done = getattr(e, "history", None)  # a diverged run: the epochs finished before it
+        if done is not None and done.epochs and history_path:
+            _write_history(history_path, done)
+        for folder in made:  # leave no empty run folder behind
+            if not any(folder.iterdir()):
+                folder.rmdir()
+        if isinstance(e, KeyboardInterrupt):
+            print(tr("Interrupted before the first epoch started.", "最初のエポックが始まる前に中断しました。"),
+                  file=sys.stderr)
+            return 130
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if history_path:
+        _write_history(history_path, history)
+    print(f"plot: {plot}" + (f", history: {history_path}" if history_path else ""))
+    return 130 if history.interrupted else 0
+
+
+if __name__ == "__main__":
     raise SystemExit(main())

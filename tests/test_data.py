@@ -1,5 +1,6 @@
-"""Tests of mparlib.data: the IDX reader and its errors on small files written here, the look-up order, the
-download path (from a local mirror), the two iterators against each other, and the real data set when installed."""
+"""Tests of mparlib.sources and mparlib.data: the IDX reader and its errors on small files written here, the look-up
+order, the download path (from a local mirror), the two iterators against each other, and the real data set when
+installed."""
 import gzip
 import hashlib
 import os
@@ -8,11 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from mparlib import data, loaders, sources
-from mparlib.errors import ConfigError, DeviceError
+from mparlib import data, sources
+from mparlib.errors import ConfigError, CorruptDataError, DataNotFoundError, DeviceError
 
-REAL = data.SYSTEM_DIR
-HAVE_REAL = all((REAL / (s + ".gz")).is_file() or (REAL / s).is_file() for s in data.FILES["train"] + data.FILES["test"])
+REAL = sources.SYSTEM_DIR
+HAVE_REAL = all((REAL / (s + ".gz")).is_file() or (REAL / s).is_file() for s in sources.FILES["train"] + sources.FILES["test"])
 needs_real = pytest.mark.skipif(not HAVE_REAL, reason="Fashion-MNIST not installed (apt-get install dataset-fashion-mnist)")
 
 
@@ -35,7 +36,7 @@ def make_set(folder, n_train=40, n_test=12, gz=False, seed=0):
     g = torch.Generator().manual_seed(seed)
     out = {}
     for split, n in (("train", n_train), ("test", n_test)):
-        img_stem, lab_stem = data.FILES[split]
+        img_stem, lab_stem = sources.FILES[split]
         images = torch.randint(0, 256, (n, 28, 28), dtype=torch.uint8, generator=g)
         labels = torch.randint(0, 10, (n,), dtype=torch.uint8, generator=g)
         out[img_stem] = (images, write(Path(folder) / img_stem, idx_bytes(images), gz))
@@ -51,13 +52,17 @@ def snapshot(folder):
 def offline(tmp_path, monkeypatch):
     """No system data, an empty user cache, no $MPARLIB_DATA, and a torchvision mirror that is an empty local folder."""
     monkeypatch.setattr(sources, "SYSTEM_DIR", tmp_path / "system")
-    monkeypatch.setattr(data, "SYSTEM_DIR", tmp_path / "system")  # the same name, re-exported
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     monkeypatch.delenv("MPARLIB_DATA", raising=False)
     from torchvision.datasets import FashionMNIST
     (tmp_path / "mirror").mkdir()
     monkeypatch.setattr(FashionMNIST, "mirrors", [(tmp_path / "mirror").as_uri() + "/"])
     return tmp_path
+
+
+def cache_dir():
+    """The user cache as the XDG rule makes it (the offline fixture sets XDG_CACHE_HOME)."""
+    return Path(os.environ["XDG_CACHE_HOME"]) / "mparlib" / "fashion-mnist"
 
 
 def epoch(it):
@@ -69,12 +74,16 @@ def epoch(it):
 
 
 @pytest.mark.parametrize("gz", [False, True])
-def test_read_idx_round_trip_and_checksum_of_content(tmp_path, gz):
-    a = torch.randint(0, 256, (3, 28, 28), dtype=torch.uint8)
-    path = write(tmp_path / "x", idx_bytes(a), gz)
-    t, sha = data._read_idx(path, 3)
-    assert torch.equal(t, a) and t.dtype == torch.uint8
-    assert sha == hashlib.sha256(idx_bytes(a)).hexdigest()  # of the decompressed content, not the .gz bytes
+def test_read_split_round_trip_and_checksum_of_content(offline, monkeypatch, gz):
+    files = make_set(offline / "d", gz=gz)
+    images, labels = sources.read_split(offline / "d", "train", verify=False)
+    assert torch.equal(images, files["train-images-idx3-ubyte"][0]) and images.dtype == torch.uint8
+    assert torch.equal(labels, files["train-labels-idx1-ubyte"][0].long()) and labels.dtype == torch.int64
+    # verified against the sha256 of the decompressed content, not of the .gz bytes
+    monkeypatch.setattr(sources, "COUNTS", {"train": 40, "test": 12})
+    monkeypatch.setattr(sources, "SHA256", {stem: hashlib.sha256(idx_bytes(t)).hexdigest()
+                                            for stem, (t, _) in files.items()})
+    sources.read_split(offline / "d", "train", verify=True)
 
 
 @pytest.mark.parametrize("gz", [False, True])
@@ -92,14 +101,14 @@ def test_small_set_loads_with_verify_false(offline, gz):
 
 def test_real_checksums_are_refused_for_other_content(offline):
     make_set(offline / "mine")
-    with pytest.raises(data.CorruptDataError, match="holds 40 examples; the train set has 60000.*verify=False"):
+    with pytest.raises(CorruptDataError, match="holds 40 examples; the train set has 60000.*verify=False"):
         data.load_fashion_mnist(16, root=offline / "mine")
 
 
 def check_error(folder, path, match, **kw):
     """Loading fails naming `path`, and no file under `folder` is changed or deleted."""
     before = snapshot(folder)
-    with pytest.raises(data.CorruptDataError, match=match) as e:
+    with pytest.raises(CorruptDataError, match=match) as e:
         data.load_fashion_mnist(8, root=folder, num_workers=0, **kw)
     assert str(path) in str(e.value) and "left unchanged" in str(e.value)
     assert snapshot(folder) == before
@@ -148,23 +157,23 @@ def test_label_out_of_range_and_count_mismatch(offline):
 
 def test_checksum_mismatch_on_verified_path(offline, monkeypatch):
     files = make_set(offline / "d")
-    monkeypatch.setattr(data, "COUNTS", {"train": 40, "test": 12})  # right counts, so only the content differs
+    monkeypatch.setattr(sources, "COUNTS", {"train": 40, "test": 12})  # right counts, so only the content differs
     path = files["train-images-idx3-ubyte"][1]
     msg = check_error(offline / "d", path, "differs from the original Fashion-MNIST")
-    assert data.SHA256["train-images-idx3-ubyte"] in msg and "verify=False" in msg
+    assert sources.SHA256["train-images-idx3-ubyte"] in msg and "verify=False" in msg
 
 
 def test_fix_advice_depends_on_where_the_file_is(offline):
-    files = make_set(data.SYSTEM_DIR)
+    files = make_set(sources.SYSTEM_DIR)
     path = files["train-labels-idx1-ubyte"][1]
     path.write_bytes(b"garbage")
-    before = snapshot(data.SYSTEM_DIR)
-    with pytest.raises(data.CorruptDataError, match="apt-get install --reinstall dataset-fashion-mnist"):
+    before = snapshot(sources.SYSTEM_DIR)
+    with pytest.raises(CorruptDataError, match="apt-get install --reinstall dataset-fashion-mnist"):
         data.load_fashion_mnist(8, verify=False)
-    assert snapshot(data.SYSTEM_DIR) == before
-    files = make_set(sources._cache_dir())
+    assert snapshot(sources.SYSTEM_DIR) == before
+    files = make_set(cache_dir())
     files["train-labels-idx1-ubyte"][1].write_bytes(b"garbage")
-    with pytest.raises(data.CorruptDataError, match="delete or rename it"):
+    with pytest.raises(CorruptDataError, match="delete or rename it"):
         data.load_fashion_mnist(8, verify=False)
 
 
@@ -172,23 +181,23 @@ def test_fix_advice_depends_on_where_the_file_is(offline):
 
 
 def test_missing_everywhere_lists_every_place_and_both_remedies(offline):
-    make_set(sources._cache_dir())
-    (sources._cache_dir() / "t10k-labels-idx1-ubyte").unlink()  # a partial copy: skipped by the default look-up
-    with pytest.raises(data.DataNotFoundError) as e:
+    make_set(cache_dir())
+    (cache_dir() / "t10k-labels-idx1-ubyte").unlink()  # a partial copy: skipped by the default look-up
+    with pytest.raises(DataNotFoundError) as e:
         data.load_fashion_mnist(8)
     msg = str(e.value)
-    for folder in (sources._cache_dir(), data.SYSTEM_DIR):
+    for folder in (cache_dir(), sources.SYSTEM_DIR):
         assert f"{folder}  (" in msg and f"{folder / 'FashionMNIST' / 'raw'}  (" in msg
     assert "found 3 of the 4 files" in msg and "download with torchvision's mirror list" in msg
     assert "apt-get install dataset-fashion-mnist" in msg and "MPARLIB_DATA" in msg and "Online" in msg
-    assert sorted(p.name for p in sources._cache_dir().iterdir()) == sorted(data.STEMS[:3])  # nothing added
+    assert sorted(p.name for p in cache_dir().iterdir()) == sorted(sources.STEMS[:3])  # nothing added
 
 
 def test_lookup_order(offline, monkeypatch):
-    sys_files = make_set(data.SYSTEM_DIR, seed=1)
+    sys_files = make_set(sources.SYSTEM_DIR, seed=1)
     first = lambda **kw: epoch(data.load_fashion_mnist(100, verify=False, **kw)[1])[1]
     assert torch.equal(first(), sys_files["t10k-labels-idx1-ubyte"][0].long())
-    cache_files = make_set(sources._cache_dir() / "FashionMNIST" / "raw", seed=2, gz=True)  # torchvision layout
+    cache_files = make_set(cache_dir() / "FashionMNIST" / "raw", seed=2, gz=True)  # torchvision layout
     assert torch.equal(first(), cache_files["t10k-labels-idx1-ubyte"][0].long())
     env_files = make_set(offline / "env", seed=3)
     monkeypatch.setenv("MPARLIB_DATA", str(offline / "env"))
@@ -199,17 +208,17 @@ def test_lookup_order(offline, monkeypatch):
 
 def test_download_goes_to_cache_through_temp_names(offline, monkeypatch):
     files = make_set(offline / "mirror", gz=True)  # the local "mirror" serves .gz files as the real one does
-    monkeypatch.setattr(data, "COUNTS", {"train": 40, "test": 12})
+    monkeypatch.setattr(sources, "COUNTS", {"train": 40, "test": 12})
     sha = {s: hashlib.sha256(idx_bytes(t)).hexdigest() for s, (t, _) in files.items()}
-    monkeypatch.setattr(data, "SHA256", sha)
+    monkeypatch.setattr(sources, "SHA256", sha)
     # a file the user already has in the cache (same content, compressed differently) must not be overwritten
-    mine = sources._cache_dir() / "train-labels-idx1-ubyte.gz"
+    mine = cache_dir() / "train-labels-idx1-ubyte.gz"
     mine.parent.mkdir(parents=True)
     mine.write_bytes(gzip.compress(idx_bytes(files["train-labels-idx1-ubyte"][0]), compresslevel=1, mtime=0))
     before = mine.read_bytes()
     train, test = data.load_fashion_mnist(8, num_workers=0)
     assert mine.read_bytes() == before
-    assert sorted(p.name for p in sources._cache_dir().iterdir()) == sorted(s + ".gz" for s in files)  # no temp left
+    assert sorted(p.name for p in cache_dir().iterdir()) == sorted(s + ".gz" for s in files)  # no temp left
     assert torch.equal(epoch(test)[1], files["t10k-labels-idx1-ubyte"][0].long())
     for p in (offline / "mirror").iterdir():
         p.unlink()
@@ -218,9 +227,9 @@ def test_download_goes_to_cache_through_temp_names(offline, monkeypatch):
 
 def test_download_of_wrong_content_is_not_kept(offline):
     make_set(offline / "mirror", gz=True)  # well-formed, but not Fashion-MNIST
-    with pytest.raises(data.DataNotFoundError, match="not the original data set"):
+    with pytest.raises(DataNotFoundError, match="not the original data set"):
         data.load_fashion_mnist(8)
-    assert not list(sources._cache_dir().iterdir())
+    assert not list(cache_dir().iterdir())
 
 
 # ---------------------------------------------------------------- iterators
@@ -238,7 +247,7 @@ def load(offline, **kw):
 def test_classic_and_resident_give_the_same_batches(offline, small):
     classic = load(offline, resident=False, shuffle_seed=5)
     resident = load(offline, resident=True, shuffle_seed=5)
-    assert isinstance(classic[0], torch.utils.data.DataLoader) and isinstance(resident[0], loaders.ResidentLoader)
+    assert isinstance(classic[0], torch.utils.data.DataLoader) and isinstance(resident[0], data.ResidentLoader)
     for c, r in zip(classic, resident):
         assert len(c) == len(r)
         for _ in range(2):  # two epochs: same order both times
@@ -299,7 +308,7 @@ def test_bad_arguments(offline, small):
 
 def test_device_argument(offline, small):
     train, test = load(offline, device="cpu")
-    assert isinstance(train, loaders.ResidentLoader) and train.images.device.type == "cpu"
+    assert isinstance(train, data.ResidentLoader) and train.images.device.type == "cpu"
     train, _ = load(offline, device="cpu", resident=False)
     x, y = next(iter(train))
     assert len(train) == 6 and x.device.type == "cpu" and len(train.dataset) == 45
@@ -339,19 +348,19 @@ def test_text_labels(monkeypatch):
 @needs_real
 @pytest.mark.parametrize("split", ["train", "test"])
 def test_real_data_counts_checksums_and_classes(split):
-    images, labels = data.read_split(REAL, split, verify=True)
-    n = data.COUNTS[split]
+    images, labels = sources.read_split(REAL, split, verify=True)
+    n = sources.COUNTS[split]
     assert images.shape == (n, 28, 28) and images.dtype == torch.uint8 and labels.dtype == torch.int64
     assert torch.bincount(labels, minlength=10).tolist() == [n // 10] * 10  # Fashion-MNIST is balanced
-    for stem in data.FILES[split]:
+    for stem in sources.FILES[split]:
         path = next(REAL.glob(stem + "*"))
         raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
-        assert hashlib.sha256(raw).hexdigest() == data.SHA256[stem]
+        assert hashlib.sha256(raw).hexdigest() == sources.SHA256[stem]
 
 
 @needs_real
 def test_real_data_with_one_changed_label_is_refused(tmp_path):
-    for stem in data.FILES["train"] + data.FILES["test"]:
+    for stem in sources.FILES["train"] + sources.FILES["test"]:
         src = next(REAL.glob(stem + "*"))
         os.symlink(src, tmp_path / src.name)
     path = tmp_path / "train-labels-idx1-ubyte.gz"
@@ -359,10 +368,10 @@ def test_real_data_with_one_changed_label_is_refused(tmp_path):
     raw[8] = (raw[8] + 1) % 10  # one label changed: format, count and range still fine
     path.unlink()  # our symlink, not the real file
     path.write_bytes(gzip.compress(bytes(raw)))
-    with pytest.raises(data.CorruptDataError, match="differs from the original Fashion-MNIST") as e:
-        data.read_split(tmp_path, "train", verify=True)
+    with pytest.raises(CorruptDataError, match="differs from the original Fashion-MNIST") as e:
+        sources.read_split(tmp_path, "train", verify=True)
     assert str(path) in str(e.value)
-    data.read_split(tmp_path, "train", verify=False)  # accepted when asked for
+    sources.read_split(tmp_path, "train", verify=False)  # accepted when asked for
 
 
 @needs_real
@@ -379,7 +388,7 @@ def test_real_iterators_agree():
 
 
 def refused(match, **kw):
-    with pytest.raises(data.DataNotFoundError, match=match) as e:
+    with pytest.raises(DataNotFoundError, match=match) as e:
         data.load_fashion_mnist(8, verify=False, num_workers=0, **kw)
     assert "no other copy was tried" in str(e.value)
     return str(e.value)
@@ -388,7 +397,7 @@ def refused(match, **kw):
 @pytest.fixture
 def system_copy(offline):
     """A complete copy in the default place, so that any fall-through would succeed and show."""
-    return make_set(data.SYSTEM_DIR, n_train=60, n_test=10, seed=9)
+    return make_set(sources.SYSTEM_DIR, n_train=60, n_test=10, seed=9)
 
 
 def test_a_missing_or_mistyped_root_is_refused_with_a_suggestion(offline, system_copy):
@@ -410,7 +419,7 @@ def test_an_incomplete_named_folder_is_refused_not_skipped(offline, system_copy,
         kw = {}
     msg = refused(r"found 3 of the 4 files; t10k-labels-idx1-ubyte\[.gz\] is missing", **kw)
     assert ("unset MPARLIB_DATA" if via == "MPARLIB_DATA" else "leave out root=") in msg
-    assert str(data.SYSTEM_DIR) not in msg
+    assert str(sources.SYSTEM_DIR) not in msg
 
 
 def test_a_folder_where_a_data_file_should_be_is_named(offline, system_copy):
@@ -446,25 +455,25 @@ def test_the_torchvision_layout_inside_a_named_folder_is_used(offline, system_co
 
 
 def test_the_default_look_up_says_which_copy_it_used_and_what_it_skipped(offline, system_copy, caplog):
-    make_set(sources._cache_dir())
-    (sources._cache_dir() / "train-images-idx3-ubyte").unlink()  # a broken download in the cache
+    make_set(cache_dir())
+    (cache_dir() / "train-images-idx3-ubyte").unlink()  # a broken download in the cache
     with caplog.at_level("INFO", logger="mparlib.data"):
         train, test = data.load_fashion_mnist(10, verify=False, num_workers=0)
     for it in (train, test):
-        assert it.dataset.root == data.SYSTEM_DIR
-        assert it.dataset.source.startswith(f"Fashion-MNIST: {data.SYSTEM_DIR} (Debian package dataset-fashion-mnist")
-        assert f"skipped {sources._cache_dir()} (found 3 of the 4 files)" in it.dataset.source
+        assert it.dataset.root == sources.SYSTEM_DIR
+        assert it.dataset.source.startswith(f"Fashion-MNIST: {sources.SYSTEM_DIR} (Debian package dataset-fashion-mnist")
+        assert f"skipped {cache_dir()} (found 3 of the 4 files)" in it.dataset.source
     assert train.dataset.source in caplog.text
-    assert data.locate() == data.SYSTEM_DIR
-    named = data.load_fashion_mnist(10, root=data.SYSTEM_DIR, verify=False, resident=True)[0]
-    assert named.dataset.source == f"Fashion-MNIST: {data.SYSTEM_DIR} (the folder given as root=)"
+    assert sources.locate() == sources.SYSTEM_DIR
+    named = data.load_fashion_mnist(10, root=sources.SYSTEM_DIR, verify=False, resident=True)[0]
+    assert named.dataset.source == f"Fashion-MNIST: {sources.SYSTEM_DIR} (the folder given as root=)"
 
 
 def test_the_download_is_never_used_instead_of_a_named_folder(offline):
     make_set(offline / "mirror", gz=True)
     (offline / "mine").mkdir()
     refused("holds none of the four files", root=offline / "mine")
-    assert not sources._cache_dir().exists()
+    assert not cache_dir().exists()
 
 
 # ---------------------------------------------------------------- no shared state between loads
@@ -474,12 +483,12 @@ def test_an_in_place_edit_of_a_loaded_tensor_does_not_change_the_next_load(offli
     first, first_test = load(offline, resident=True)
     first.images.zero_()  # in place: the cache must have handed out a copy
     first.labels.fill_(3)
-    images, labels = data.read_split(offline / "d", "train", verify=False)
+    images, labels = sources.read_split(offline / "d", "train", verify=False)
     images.fill_(7)
     again, _ = load(offline, resident=True)
     assert torch.equal(again.images, small["train-images-idx3-ubyte"][0])
     assert torch.equal(again.labels, small["train-labels-idx1-ubyte"][0].long())
-    assert data._read_idx(offline / "d" / "train-images-idx3-ubyte", 3)[0].data_ptr() != again.images.data_ptr()
+    assert sources.read_split(offline / "d", "train", verify=False)[0].data_ptr() != again.images.data_ptr()
 
 
 # ---------------------------------------------------------------- bad arguments, refused at once
@@ -529,34 +538,36 @@ def test_to_float_and_read_split_refuse_wrong_inputs(offline, small):
             data.to_float(bad)
     with pytest.raises(ConfigError, match="resize=True"):
         data.to_float(torch.zeros(2, 28, 28, dtype=torch.uint8), resize=True)
-    with pytest.raises(ConfigError, match="split='val'; use 'train' or 'test'"):
-        data.read_split(offline / "d", "val")
-    with pytest.raises(data.DataNotFoundError, match=r"lacks the train split: train-images-idx3-ubyte\[.gz\] is "
+    with pytest.raises(ConfigError, match="split='val': use one of 'train', 'test'"):
+        sources.read_split(offline / "d", "val")
+    with pytest.raises(DataNotFoundError, match=r"lacks the train split: train-images-idx3-ubyte\[.gz\] is "
                                                      "missing; train-labels-idx1-ubyte"):
-        data.read_split(offline / "nowhere", "train")
-    with pytest.raises(data.DataNotFoundError, match="is a folder, not a data file"):
-        data._read_idx(offline, 3)
+        sources.read_split(offline / "nowhere", "train")
+    (offline / "d" / "t10k-images-idx3-ubyte").unlink()
+    (offline / "d" / "t10k-images-idx3-ubyte").mkdir()
+    with pytest.raises(DataNotFoundError, match="t10k-images-idx3-ubyte is a folder, not a file"):
+        sources.read_split(offline / "d", "test")
 
 
 def test_the_iterators_refuse_mismatched_tensors():
     images, labels = torch.zeros(4, 28, 28, dtype=torch.uint8), torch.zeros(4, dtype=torch.long)
     for args in ((images, labels[:3]), (images.float(), labels), (images, labels.float())):
-        for build in (lambda i, l: loaders.ResidentLoader(i, l, 2, shuffle=False), loaders.FashionMNIST):
+        for build in (lambda i, l: data.ResidentLoader(i, l, 2, shuffle=False), data.FashionMNIST):
             with pytest.raises(ConfigError, match="uint8 images"):
                 build(*args)
     with pytest.raises(ConfigError, match="batch_size=0"):
-        loaders.ResidentLoader(images, labels, 0, shuffle=False)
-    with pytest.raises(ConfigError, match="shuffle must be True or False"):
-        loaders.ResidentLoader(images, labels, 2, shuffle="yes")
+        data.ResidentLoader(images, labels, 0, shuffle=False)
+    with pytest.raises(ConfigError, match="shuffle='yes': use True or False"):
+        data.ResidentLoader(images, labels, 2, shuffle="yes")
     with pytest.raises(DeviceError, match="'tpu' is not a device"):
-        loaders.ResidentLoader(images, labels, 2, shuffle=False, device="tpu")
+        data.ResidentLoader(images, labels, 2, shuffle=False, device="tpu")
 
 
 def test_look_up_errors_speak_japanese_in_the_japanese_edition(offline, monkeypatch):
     make_set(offline / "mine")
     (offline / "mine" / "t10k-labels-idx1-ubyte").unlink()
     monkeypatch.setenv("MPARLIB_LANG", "ja")
-    with pytest.raises(data.DataNotFoundError, match=r"root=.*mine は使えません。4つのファイルのうち 3個だけがあります、"
+    with pytest.raises(DataNotFoundError, match=r"root=.*mine は使えません。4つのファイルのうち 3個だけがあります、"
                                                      r"t10k-labels-idx1-ubyte\[.gz\] がありません。.*ほかのコピーは試していません"):
         data.load_fashion_mnist(8, root=offline / "mine", verify=False)
     with pytest.raises(ConfigError, match="resize=True は使えません"):

@@ -14,15 +14,16 @@ import pytest
 import torch
 from torch import nn
 
-from mparlib import data, fastpath, loaders
-from mparlib import train as T
+from mparlib import data, fastpath, sources
+from mparlib import loop as T
+from mparlib import step as S
 from mparlib.errors import ConfigError, MparlibError, TrainingDiverged
 from mparlib.models import Residual
 from test_train import synthetic  # the same three-class toy data as the classic loop's tests
 
 CPU = torch.device("cpu")
-HAVE_REAL = all((data.SYSTEM_DIR / (s + ".gz")).is_file() or (data.SYSTEM_DIR / s).is_file()
-                for s in data.FILES["train"] + data.FILES["test"])
+HAVE_REAL = all((sources.SYSTEM_DIR / (s + ".gz")).is_file() or (sources.SYSTEM_DIR / s).is_file()
+                for s in sources.FILES["train"] + sources.FILES["test"])
 needs_real = pytest.mark.skipif(not HAVE_REAL,
                                 reason="Fashion-MNIST not installed (apt-get install dataset-fashion-mnist)")
 # every extra of the fast path off: what remains must be the classic step
@@ -54,13 +55,13 @@ def fast_steps(net, fast, batches, lr):
     out = []
     for X, y in batches:
         X, y = fastpath.move_batch_fast(X, y, CPU, fast.channels_last)
-        out.append(T.train_step(net, X, y, loss_fn, opt, lambda: T.autocast_context(CPU, dtype))[0])
+        out.append(S.train_step(net, X, y, loss_fn, opt, lambda: S.autocast_context(CPU, dtype))[0])
     return out
 
 
 def classic_steps(net, batches, lr):
-    opt, loss_fn = T.make_optimizer(net, lr), nn.CrossEntropyLoss()
-    return [T.train_step(net, *T.move_batch(X, y, CPU), loss_fn, opt, lambda: T.autocast_context(CPU))[0]
+    opt, loss_fn = S.make_optimizer(net, lr), nn.CrossEntropyLoss()
+    return [S.train_step(net, *S.move_batch(X, y, CPU), loss_fn, opt, lambda: S.autocast_context(CPU))[0]
             for X, y in batches]
 
 
@@ -121,7 +122,7 @@ def test_bf16_step_is_close_to_fp32():
     grads, losses = {}, {}
     for dtype in (None, torch.bfloat16):
         net = small_net()
-        with T.autocast_context(CPU, dtype):
+        with S.autocast_context(CPU, dtype):
             loss = nn.functional.cross_entropy(net(X), y)
         loss.backward()
         losses[dtype] = float(loss.detach())
@@ -164,7 +165,7 @@ def test_warm_up_leaves_the_model_as_it_was():
     before = copy.deepcopy(net.state_dict())
     X, y = batch()
     net.train()
-    fastpath._warm_up(net, net, X, y, nn.CrossEntropyLoss(), lambda: T.autocast_context(CPU), steps=2, graphs=False)
+    fastpath._warm_up(net, net, X, y, nn.CrossEntropyLoss(), lambda: S.autocast_context(CPU), steps=2, graphs=False)
     for (name, a), b in zip(net.state_dict().items(), before.values()):
         assert torch.equal(a, b), name
     assert all(p.grad is None for p in net.parameters())
@@ -211,19 +212,19 @@ def test_fast_step_does_not_wait_for_the_gpu():
     net = small_net().to(dev).to(memory_format=torch.channels_last)
     opt = fastpath.make_fast_optimizer(net, 0.05, fast)
     sched = fastpath.warmup_cosine(opt, 10, 0.2)
-    loader = loaders.ResidentLoader((torch.rand(64, 12, 12) * 255).to(torch.uint8), torch.randint(0, 10, (64,)), 16,
+    loader = data.ResidentLoader((torch.rand(64, 12, 12) * 255).to(torch.uint8), torch.randint(0, 10, (64,)), 16,
                                  shuffle=False, device=dev)
     loss_fn = nn.CrossEntropyLoss(label_smoothing=0.1)
     X0, y0 = next(iter(loader))
-    T.train_step(net, *fastpath.move_batch_fast(X0, y0, dev), loss_fn, opt,
-                 lambda: T.autocast_context(dev, torch.bfloat16))
+    S.train_step(net, *fastpath.move_batch_fast(X0, y0, dev), loss_fn, opt,
+                 lambda: S.autocast_context(dev, torch.bfloat16))
     torch.cuda.synchronize()
     total = torch.zeros((), device=dev)
     torch.cuda.set_sync_debug_mode("error")
     try:
         for X, y in loader:
-            total += T.train_step(net, *fastpath.move_batch_fast(X, y, dev), loss_fn, opt,
-                                  lambda: T.autocast_context(dev, torch.bfloat16))[0]
+            total += S.train_step(net, *fastpath.move_batch_fast(X, y, dev), loss_fn, opt,
+                                  lambda: S.autocast_context(dev, torch.bfloat16))[0]
             sched.step()
     finally:
         torch.cuda.set_sync_debug_mode("default")

@@ -118,13 +118,13 @@ def test_init_weights_keeps_mode_when_materialising():
 
 
 @pytest.mark.parametrize("call, match", [
-    (lambda: models.resnet18(True), "num_classes must be a positive int, got True"),
-    (lambda: models.resnet18(10, in_channels=False), "in_channels must be a positive int, got False"),
-    (lambda: models.Residual(8, 8, strides=0), "strides must be a positive int"),
-    (lambda: models.Residual(8, 8.0), "out_channels must be a positive int"),
-    (lambda: models.Residual(8, 8, use_1x1conv="no"), "use_1x1conv='no'; use True or False"),
-    (lambda: models.init_weights(models.resnet18(10), std=float("nan")), "std=nan must be a positive finite"),
-    (lambda: models.init_weights(models.resnet18(10), std=0), "std=0 must be a positive finite"),
+    (lambda: models.resnet18(True), "resnet18: num_classes=True: use a positive int"),
+    (lambda: models.resnet18(10, in_channels=False), "resnet18: in_channels=False: use a positive int"),
+    (lambda: models.Residual(8, 8, strides=0), "Residual: strides=0: use a positive int"),
+    (lambda: models.Residual(8, 8.0), "Residual: out_channels=8.0: use a positive int"),
+    (lambda: models.Residual(8, 8, use_1x1conv="no"), "use_1x1conv='no': use True or False"),
+    (lambda: models.init_weights(models.resnet18(10), std=float("nan")), "std=nan: use a positive, finite number"),
+    (lambda: models.init_weights(models.resnet18(10), std=0), "std=0: use a positive, finite number"),
     (lambda: models.init_weights(models.resnet18(10), std=True), "std=True"),
     (lambda: models.init_weights(d2l.resnet18(10), example_input=[[0.0]]), "example_input must be a tensor"),
     (lambda: models.init_weights("resnet18"), "init_weights takes a model"),
@@ -145,7 +145,7 @@ def test_an_infinite_std_would_otherwise_fill_the_weights_with_infinities():
     assert torch.isinf(w).all()
     from mparlib.errors import ConfigError
 
-    with pytest.raises(ConfigError, match="std=inf must be a positive finite number"):
+    with pytest.raises(ConfigError, match="std=inf: use a positive, finite number"):
         models.init_weights(nn.Linear(3, 3), std=float("inf"))
 
 
@@ -176,5 +176,5 @@ def test_width_64_is_the_default_and_bad_widths_are_refused():
     from mparlib.errors import ConfigError
 
     for bad in (0, -16, 16.0, True, "16"):
-        with pytest.raises(ConfigError, match="width must be a positive int"):
+        with pytest.raises(ConfigError, match="width=.*: use a positive int"):
             models.resnet18(10, width=bad)

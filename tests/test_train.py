@@ -1,4 +1,5 @@
-"""mparlib.train: the training loop against a plain SGD loop, device checks, evaluation, interruption, the CLI.
+"""mparlib.loop and mparlib.train: the training loop against a plain SGD loop, device checks, evaluation,
+interruption, and the command line with its sizes.
 
 Small CNNs on synthetic images keep these tests fast; ResNet-18 itself runs only in the slow CLI test.
 """
@@ -15,9 +16,9 @@ import pytest
 import torch
 from torch import nn
 
-from mparlib import data, models
-from mparlib import train as T
-from mparlib import train_cli as C
+from mparlib import loop as T
+from mparlib import models, sources
+from mparlib import train as C
 from mparlib.errors import ConfigError, DeviceError, TrainingDiverged
 
 
@@ -170,43 +171,58 @@ def test_evaluate_accuracy_refuses_lazy_model():
         T.evaluate_accuracy(tiny_cnn(lazy=True), synthetic(16, 16, 0), CPU)
 
 
-def test_check_devices():
-    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    assert T.check_devices(None) == ([torch.device("cuda", i) for i in range(n)] or CPU)
-    assert T.check_devices("cpu") == CPU  # one device alone is a list of one
-    assert T.check_devices([-1]) == CPU  # torch.nn.parallel's number of the CPU
-    with pytest.raises(DeviceError, match=f"cuda:{n} does not exist"):
-        T.check_devices([f"cuda:{n}"])  # one more than exist: an error, not the CPU
-    with pytest.raises(DeviceError, match=f"cuda:{n} does not exist"):
-        T.check_devices([n])
-    with pytest.raises(DeviceError, match="empty.*try_all_gpus"):
-        T.check_devices([])
-    with pytest.raises(DeviceError, match="CUDA GPUs only"):
-        T.check_devices(["cpu", "cpu"])
-    assert T.check_devices(["cpu", "cpu"], simulated=True) == CPU * 2
-    with pytest.raises(DeviceError, match="is not a device"):
-        T.check_devices(["gpu0"])
+NUM_GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def test_check_devices_uses_the_course_device_check(monkeypatch):
-    """train's rules sit on top of mparlib.devices.check_devices: it sees every list, and its verdict stands."""
-    from mparlib import devices
+def run_on(devices, what="train"):
+    """The devices a short train() or evaluate_accuracy() call ran on, after checking them."""
+    net, batches = tiny_cnn(), synthetic(16, 16, 0)
+    if what == "evaluate":
+        return T.evaluate_accuracy(net, batches, devices)
+    return T.train(net, devices, batch_size=16, lr=0.1, num_epochs=1, data=(batches, batches), animator=False,
+                   verbose=False).devices
 
+
+def test_device_lists():
+    assert run_on(None) == ([torch.device("cuda", i) for i in range(NUM_GPUS)] or CPU)
+    assert run_on([-1]) == CPU  # torch.nn.parallel's number of the CPU
+    assert run_on(["cpu", "cpu"]) == CPU * 2  # two simulated devices
+    for what in ("train", "evaluate"):
+        with pytest.raises(DeviceError, match=re.escape("write ['cpu']")):
+            run_on("cpu", what)  # one device alone is not a list of one
+        with pytest.raises(DeviceError, match=f"cuda:{NUM_GPUS} does not exist"):
+            run_on([f"cuda:{NUM_GPUS}"], what)  # one more than exist: an error, not the CPU
+        with pytest.raises(DeviceError, match=f"cuda:{NUM_GPUS} does not exist"):
+            run_on([NUM_GPUS], what)
+        with pytest.raises(DeviceError, match="empty.*try_all_gpus"):
+            run_on([], what)
+        with pytest.raises(DeviceError, match="CUDA GPUs only"):
+            run_on(["cpu", "cpu:0"], what)  # two CPU devices that are not one device listed twice
+        with pytest.raises(DeviceError, match="is not a device"):
+            run_on(["gpu0"], what)
+
+
+def test_the_course_device_check_runs_once_per_call(monkeypatch):
+    """train's rules sit on top of mparlib.devices.check_devices: it sees every list once per call (not per
+    epoch), and its verdict stands."""
     seen = []
-    real = devices.check_devices
-    monkeypatch.setattr(devices, "check_devices", lambda d, what="devices": seen.append(d) or real(d, what))
-    T.check_devices(["cpu"])
+    real = T.check_devices
+    monkeypatch.setattr(T, "check_devices", lambda d, what="devices": seen.append(list(d)) or real(d, what))
+    batches = synthetic(16, 16, 0)
+    T.train(tiny_cnn(), CPU * 2, batch_size=16, lr=0.1, num_epochs=3, data=(batches, batches), animator=False,
+            verbose=False)
+    T.evaluate_accuracy(tiny_cnn(), batches, ["cpu"])
     with pytest.raises(DeviceError, match="mixes kinds"):
-        T.check_devices(["cpu", "meta"])
-    assert seen == [["cpu"], ["cpu", "meta"]]
+        run_on(["cpu", "meta"])
+    assert seen == [CPU * 2, ["cpu"], ["cpu", "meta"]]
 
 
 def test_device_errors_speak_japanese(monkeypatch):
     monkeypatch.setenv("MPARLIB_LANG", "ja")
     with pytest.raises(DeviceError, match="が空です"):
-        T.check_devices([])
+        run_on([])
     with pytest.raises(DeviceError, match="CUDA の GPU だけ"):
-        T.check_devices(["cpu", "cpu"])
+        run_on(["cpu", "cpu:0"])
 
 
 def test_train_checks_devices_before_touching_the_model():
@@ -354,9 +370,6 @@ def test_cli_lr_nan_exits_2_with_the_reason(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-NUM_GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
-
-
 @pytest.mark.parametrize("argv, says", [
     (["--lr", "inf"], "'inf' is not a positive, finite number"), (["--lr", "-0.1"], "is not a positive"),
     (["--batch-size", "0"], "'0' is not a positive integer"), (["--epochs", "0"], "'0' is not a positive integer"),
@@ -373,6 +386,30 @@ def test_cli_refuses_bad_options_before_any_work(argv, says, tmp_path, monkeypat
     assert list(tmp_path.iterdir()) == []  # nothing written, no run folder
 
 
+def test_the_chapter_05_runs_are_the_command_line_defaults(tmp_path, monkeypatch):
+    """One definition of chapter 05's sizes: the notebook's runs, and what the command trains without options."""
+    assert C.experiment(1, "smoke") == dict(width=8, batch_size=16, lr=0.025, num_epochs=2, subset=(12000, 1000))
+    assert C.experiment(1, "full") == dict(width=64, batch_size=256, lr=0.1, num_epochs=10, subset=None)
+    assert C.experiment(2, "full") == dict(width=64, batch_size=512, lr=0.2, num_epochs=10, subset=None)  # d2l's
+    with pytest.raises(ConfigError, match="k=0"):
+        C.experiment(0)
+    monkeypatch.chdir(tmp_path)
+    for profile in ("smoke", "full"):
+        monkeypatch.setenv("MPARLIB_PROFILE", profile)
+        seen = {}
+
+        def train(net, devices, **kwargs):
+            seen.update(kwargs, width=net[0].out_channels, subset=kwargs["data"]["subset"])
+            return T.History(devices=devices)
+
+        monkeypatch.setattr(C, "train", train)
+        assert C.main(["--cpu", "--plot", f"{profile}.png"]) == 0
+        want = C.experiment(1)
+        assert {k: seen[k] for k in want} == want
+        assert C.main(["--cpu", "--plot", f"{profile}-2.png", "--width", "4", "--lr", "0.5"]) == 0
+        assert (seen["width"], seen["lr"], seen["batch_size"]) == (4, 0.5, want["batch_size"])
+
+
 def test_cli_never_overwrites_unless_told(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     for option in ("--plot", "--json"):
@@ -386,14 +423,16 @@ def test_cli_never_overwrites_unless_told(tmp_path, monkeypatch, capsys):
 
 
 def test_run_folders_are_new_every_time(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(C.time, "strftime", lambda fmt: "20250101-120000")  # two runs within the same second
     old = tmp_path / "runs" / "train-20250101-120000"
     old.mkdir(parents=True)
     (old / "history.json").write_text("an earlier run")
-    first, made = C._new_run_folder(tmp_path / "runs")
-    second, _ = C._new_run_folder(tmp_path / "runs")
-    assert (first.name, second.name) == ("train-20250101-120000-2", "train-20250101-120000-3")
-    assert made == [first] and list(first.iterdir()) == [] and (old / "history.json").read_text() == "an earlier run"
+    monkeypatch.setattr(C, "train", lambda net, devices, **kwargs: T.History(devices=devices))
+    assert C.main(["--cpu"]) == C.main(["--cpu"]) == 0
+    new = sorted(p.name for p in (tmp_path / "runs").iterdir() if p != old)
+    assert new == ["train-20250101-120000-2", "train-20250101-120000-3"]
+    assert (old / "history.json").read_text() == "an earlier run"
 
 
 def fake_train(raises):
@@ -453,13 +492,13 @@ def test_cli_leaves_no_empty_run_folder_and_shows_bugs(tmp_path, monkeypatch, ca
         C.main(["--cpu"])
 
 
-@pytest.mark.skipif(not all((data.SYSTEM_DIR / (f + ".gz")).is_file() or (data.SYSTEM_DIR / f).is_file()
-                            for f in data.FILES["train"] + data.FILES["test"]),
+@pytest.mark.skipif(not all((sources.SYSTEM_DIR / (f + ".gz")).is_file() or (sources.SYSTEM_DIR / f).is_file()
+                            for f in sources.FILES["train"] + sources.FILES["test"]),
                     reason="Fashion-MNIST not installed (apt-get install dataset-fashion-mnist)")
 def test_cli_writes_into_a_new_run_folder_by_default(tmp_path, monkeypatch, capsys):
     """Without --plot nothing lands in the current folder except runs/train-<time>/ with the plot and history."""
     monkeypatch.chdir(tmp_path)
-    argv = ["--cpu", "--subset", "64", "32", "--batch-size", "32", "--epochs", "1", "--data", str(data.SYSTEM_DIR)]
+    argv = ["--cpu", "--subset", "64", "32", "--batch-size", "32", "--epochs", "1", "--data", str(sources.SYSTEM_DIR)]
     assert C.main(argv) == 0
     assert [p.name for p in tmp_path.iterdir()] == ["runs"]
     (run,) = (tmp_path / "runs").iterdir()
