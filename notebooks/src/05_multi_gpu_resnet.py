@@ -40,8 +40,10 @@ import mparlib
 from mparlib import models
 from mparlib.data import load_fashion_mnist
 from mparlib.lang import tr
-from mparlib.step import SimulatedDataParallel, describe_devices
-from mparlib.train import History, check_devices, evaluate_accuracy, train, train_step
+from mparlib.devices import check_devices
+from mparlib.loop import History, evaluate_accuracy, train
+from mparlib.step import SimulatedDataParallel, describe_devices, train_step
+from mparlib.train import experiment
 
 print(mparlib.report())
 print(mparlib.profile_line())
@@ -53,8 +55,10 @@ print(mparlib.profile_line())
 # (the default without a GPU) trains a narrow copy of that network (the same layers with an eighth of the
 # channels, introduced below) for 2 epochs on 12,000 training images and tests it on 1,000, so that the whole
 # notebook finishes in about a minute and a half on two CPU cores and the curves still show real learning. The
-# settings of both profiles are in the next cell; change them there, or switch profiles with
-# `MPARLIB_PROFILE=full` or `MPARLIB_PROFILE=smoke` before starting Jupyter.
+# settings of both profiles come from `mparlib.train.experiment`, which `python -m mparlib.train` uses as its
+# defaults too, so the notebook and the script run the same experiment; the next cell prints them. Change a value
+# there (for example `RUNS["one"]["num_epochs"] = 5`), or switch profiles with `MPARLIB_PROFILE=full` or
+# `MPARLIB_PROFILE=smoke` before starting Jupyter.
 #
 # Without a GPU you can still run the real experiment: hosted notebooks lend GPUs free of charge within a usage
 # quota. Google Colab gives a notebook one GPU, enough for the full profile; Kaggle gives one notebook two GPUs
@@ -62,7 +66,7 @@ print(mparlib.profile_line())
 # 00 explains how to set them up; the links at the top of this notebook open it there when the course is
 # published from a repository.
 # <!-- ja -->
-# 上の表はお使いのマシンの情報です。実験の規模はコースのプロファイルで決まります。`full`（GPU があるときの既定値）は d2l の実験そのもので、d2l の ResNet-18 を訓練画像 60,000枚すべてで 10エポック訓練します。`smoke`（GPU がないときの既定値）は、同じネットワークを細くしたもの（層は同じでチャネル数が 8分の 1。後で説明します）を訓練画像 12,000枚で 2エポック訓練し、テスト画像 1,000枚で評価します。これで CPU 2コアでもノートブック全体が 1分半ほどで終わり、しかも学習が本当に進む様子が曲線に表れます。両方のプロファイルの設定は次のセルにあります。そこで値を変えるか、Jupyter を起動する前に `MPARLIB_PROFILE=full` または `MPARLIB_PROFILE=smoke` を設定してプロファイルを切り替えてください。
+# 上の表はお使いのマシンの情報です。実験の規模はコースのプロファイルで決まります。`full`（GPU があるときの既定値）は d2l の実験そのもので、d2l の ResNet-18 を訓練画像 60,000枚すべてで 10エポック訓練します。`smoke`（GPU がないときの既定値）は、同じネットワークを細くしたもの（層は同じでチャネル数が 8分の 1。後で説明します）を訓練画像 12,000枚で 2エポック訓練し、テスト画像 1,000枚で評価します。これで CPU 2コアでもノートブック全体が 1分半ほどで終わり、しかも学習が本当に進む様子が曲線に表れます。両方のプロファイルの設定は `mparlib.train.experiment` が返します。`python -m mparlib.train` も同じものを既定値に使うので、ノートブックとスクリプトは同じ実験を実行します。設定は次のセルが表示します。値を変えるにはそのセルで（たとえば `RUNS["one"]["num_epochs"] = 5`）変更するか、Jupyter を起動する前に `MPARLIB_PROFILE=full` または `MPARLIB_PROFILE=smoke` を設定してプロファイルを切り替えてください。
 #
 # GPU がなくても、本来の実験を動かす方法があります。クラウドのノートブックが、利用時間の上限の範囲で GPU を無料で貸してくれます。Google Colab では 1つのノートブックで GPU 1枚を使え、`full` プロファイルを実行できます。Kaggle では 1つのノートブックで GPU 2枚（「GPU T4 x2」）を使えるので、この章の 2回目の実行は各バッチを本物の GPU 2枚に分けます。1〜6章も同様です。設定の方法は 0章で説明しています。コースをリポジトリから公開している場合は、このノートブックの先頭のリンクからそのままクラウドで開けます。
 
@@ -74,14 +78,9 @@ if mparlib.num_gpus() >= 2:
 else:
     all_devices = one_device * 2  # two simulated devices: mparlib.parallel.data_parallel splits each batch
 k = len(all_devices)  # the second run multiplies batch size and learning rate by the number of devices
-RUNS = {
-    # d2l's experiment: its ResNet-18 (width 64), batch 256 and learning rate 0.1 per device, 10 epochs
-    "full": {"one": dict(width=64, batch_size=256, lr=0.1, num_epochs=10, subset=None),
-             "all": dict(width=64, batch_size=256 * k, lr=0.1 * k, num_epochs=10, subset=None)},
-    # a minute and a half on two CPU cores: a narrow ResNet-18, small batches (many steps), d2l's plain SGD
-    "smoke": {"one": dict(width=8, batch_size=16, lr=0.025, num_epochs=2, subset=(12000, 1000)),
-              "all": dict(width=8, batch_size=16 * k, lr=0.025 * k, num_epochs=2, subset=(12000, 1000))},
-}[PROFILE]
+# The chapter's runs, also the defaults of `python -m mparlib.train`. full: d2l's ResNet-18 (width 64), batch 256,
+# lr 0.1 per device, 10 epochs; smoke: width 8, batch 16, lr 0.025 per device, 2 epochs on (12000, 1000) images
+RUNS = {"one": experiment(1, PROFILE), "all": experiment(k, PROFILE)}
 print(tr("profile:", "プロファイル:"), PROFILE)
 print(tr("one device: ", "1つのデバイス:"), one_device, RUNS["one"])
 print(tr("all devices:", "すべてのデバイス:"), all_devices, RUNS["all"])
@@ -258,9 +257,9 @@ assert mparlib.try_all_gpus()[0] == mparlib.try_gpu()  # never empty: the CPU wi
 # %% [markdown]
 # <!-- en -->
 # The course's functions say what is wrong instead: `mparlib.require_gpus(n)` returns `n` GPUs or raises, and
-# the training function below checks its device list the same way (`mparlib.train.check_devices`).
+# the training function below checks its device list the same way (`mparlib.check_devices`).
 # <!-- ja -->
-# コースの関数は、何が問題なのかを言葉で伝えます。`mparlib.require_gpus(n)` は `n` 枚の GPU を返すか、そうでなければ例外を送出します。後で使う訓練関数も、受け取ったデバイスのリストを同じように確かめます（`mparlib.train.check_devices`）。
+# コースの関数は、何が問題なのかを言葉で伝えます。`mparlib.require_gpus(n)` は `n` 枚の GPU を返すか、そうでなければ例外を送出します。後で使う訓練関数も、受け取ったデバイスのリストを同じように確かめます（`mparlib.check_devices`）。
 
 # %% tags=["raises-exception", "nbval-ignore-output"]
 mparlib.require_gpus(asked)
@@ -284,7 +283,7 @@ check_devices([])  # what d2l.try_all_gpus() returns on a machine without a GPU
 # <!-- en -->
 # ## The training function
 #
-# `mparlib.train.train(net, devices, batch_size=..., lr=..., num_epochs=..., data=...)` follows d2l's
+# `mparlib.loop.train(net, devices, batch_size=..., lr=..., num_epochs=..., data=...)` follows d2l's
 # function and fixes what we just saw:
 #
 # - it checks `devices` (every GPU must exist; several devices must all be GPUs) and raises a clear error
@@ -306,7 +305,7 @@ check_devices([])  # what d2l.try_all_gpus() returns on a machine without a GPU
 # <!-- ja -->
 # ## 訓練関数
 #
-# `mparlib.train.train(net, devices, batch_size=..., lr=..., num_epochs=..., data=...)` は d2l の関数にならいつつ、いま見た問題を直したものです。
+# `mparlib.loop.train(net, devices, batch_size=..., lr=..., num_epochs=..., data=...)` は d2l の関数にならいつつ、いま見た問題を直したものです。
 #
 # - `devices` を確かめます（指定した GPU はすべて存在すること、複数のデバイスはすべて GPU であること）。CPU に切り替えて続けるのではなく、わかりやすいエラーを出します。
 # - モデルをラップする**前に** `devices[0]` へ移します。`nn.DataParallel` でラップするのはデバイスが複数あるときだけです（デバイスが 1つならラッパーは余計な仕事を増やすだけです）。
@@ -323,13 +322,13 @@ print(inspect.getsource(train_step))
 
 # %% [markdown]
 # <!-- en -->
-# Test accuracy comes from `mparlib.train.evaluate_accuracy(net, data_iter, devices)`. Like d2l's
+# Test accuracy comes from `mparlib.loop.evaluate_accuracy(net, data_iter, devices)`. Like d2l's
 # `evaluate_accuracy_gpus`, it splits each test batch over the devices, runs a copy of the model on each part
 # and adds up the correct predictions. In evaluation mode batch normalization uses its stored running
 # statistics, so splitting the batch cannot change the result; the list `["cpu"] * 2` simulates two devices
 # (as in 03_primitives) to show it:
 # <!-- ja -->
-# テスト精度は `mparlib.train.evaluate_accuracy(net, data_iter, devices)` で求めます。d2l の `evaluate_accuracy_gpus` と同じく、テスト用の各バッチをデバイスに分け、それぞれでモデルのコピーを実行し、正解の数を合計します。評価モードのバッチ正規化は保存済みの移動統計量を使うので、バッチを分けても結果は変わりません。`["cpu"] * 2` というリストで 2つのデバイスを模擬して（3章と同じ方法です）確かめます。
+# テスト精度は `mparlib.loop.evaluate_accuracy(net, data_iter, devices)` で求めます。d2l の `evaluate_accuracy_gpus` と同じく、テスト用の各バッチをデバイスに分け、それぞれでモデルのコピーを実行し、正解の数を合計します。評価モードのバッチ正規化は保存済みの移動統計量を使うので、バッチを分けても結果は変わりません。`["cpu"] * 2` というリストで 2つのデバイスを模擬して（3章と同じ方法です）確かめます。
 
 # %%
 torch.manual_seed(0)

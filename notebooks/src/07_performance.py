@@ -7,7 +7,7 @@
 # epoch on one GPU, about 4,900 images/s. A modern GPU could do far more: this chapter measures how much more, finds
 # where the time goes, and removes the obstacles one at a time, measuring each step.
 #
-# The tools are in `mparlib.fastpath`: `mparlib.train.train(..., fast=True)` runs the same epoch loop with faster
+# The tools are in `mparlib.fastpath`: `mparlib.loop.train(..., fast=True)` runs the same epoch loop with faster
 # parts, and `fastpath.FastPath(...)` switches each of them on or off. The loop runs whatever `StepPlan` it is given
 # (what a step calls, its optimizer, loss, batch layout and numeric precision): chapter 05's `classic_plan`, or the
 # one that `fastpath.plan` builds from these options:
@@ -30,7 +30,7 @@
 #
 # 5章では、ResNet-18 を d2l と同じ方法で Fashion-MNIST に訓練しました。`DataLoader` が画像を 1枚ずつ PIL 画像にしてからテンソルに戻し、計算は fp32 で、小さなカーネルを 1つずつ順に実行する方法です。d2l 自身のビルドでは GPU 1枚で 1エポック 12.3秒、毎秒およそ 4,900枚という結果が報告されています。最近の GPU はこれよりはるかに多くの計算ができます。この章では、どれだけ多くできるのかを測り、時間がどこで使われているかを調べ、障害を 1つずつ取り除きながら、その効果をそのつど計測します。
 #
-# 道具は `mparlib.fastpath` にあります。`mparlib.train.train(..., fast=True)` は同じエポックのループを、より速い部品で実行します。`fastpath.FastPath(...)` で部品を 1つずつ有効・無効にできます。ループは渡された `StepPlan`（1ステップで呼ぶもの、オプティマイザ、損失、バッチのメモリ配置、数値の精度）のとおりに実行します。5章の `classic_plan` か、次のオプションから `fastpath.plan` が組み立てたものです。
+# 道具は `mparlib.fastpath` にあります。`mparlib.loop.train(..., fast=True)` は同じエポックのループを、より速い部品で実行します。`fastpath.FastPath(...)` で部品を 1つずつ有効・無効にできます。ループは渡された `StepPlan`（1ステップで呼ぶもの、オプティマイザ、損失、バッチのメモリ配置、数値の精度）のとおりに実行します。5章の `classic_plan` か、次のオプションから `fastpath.plan` が組み立てたものです。
 #
 # | オプション | 変わること |
 # |---|---|
@@ -63,8 +63,9 @@ import mparlib
 import mparlib.plot
 
 mparlib.plot.use_course_style()  # a font with Japanese glyphs for this notebook's figures
-from mparlib import data, fastpath, loaders
-from mparlib import train as T
+from mparlib import data, fastpath, sources
+from mparlib import loop as T
+from mparlib.step import autocast_context, make_optimizer, move_batch
 from mparlib.lang import tr
 from mparlib.models import init_weights, resnet18
 from mparlib.timing import matmul_tflops, synchronize
@@ -143,15 +144,15 @@ assert 2.9 < step_flops / forward_flops < 3.1  # backward costs about twice the 
 # 次に 5章のループそのものを調べます。torchvision 形式のデータセットと `DataLoader`（ワーカープロセスを使い、GPU ではピン留めメモリ（pinned memory）を使う）、fp32、素の SGD です。プロファイラ（`torch.profiler`）はすべての演算子を記録し、`record_function` でステップの各段階に名前を付けます。各段階に自分の GPU の仕事を正しく割り当てるため、この診断用の実行では段階ごとに同期します（訓練ループ自体は同期しません）。表には 1ステップあたりの実時間、呼ばれた演算子の数、GPU ではカーネル起動の回数を示します。
 
 # %%
-images, labels = data.read_split(data.locate(), "train")  # (60000, 28, 28) uint8, (60000,) int64
-test_images, test_labels = data.read_split(data.locate(), "test")
+images, labels = sources.read_split(sources.locate(), "train")  # (60000, 28, 28) uint8, (60000,) int64
+test_images, test_labels = sources.read_split(sources.locate(), "test")
 
 
 def d2l_loaders(batch_size, n, n_test=16):
     """Chapter 05's input: PIL images through ToTensor in DataLoader workers (kept alive between epochs here)."""
     workers = min(4, os.cpu_count() or 1)
-    train_set = loaders.FashionMNIST(images[:n], labels[:n], transforms.ToTensor())
-    test_set = loaders.FashionMNIST(test_images[:n_test], test_labels[:n_test], transforms.ToTensor())
+    train_set = data.FashionMNIST(images[:n], labels[:n], transforms.ToTensor())
+    test_set = data.FashionMNIST(test_images[:n_test], test_labels[:n_test], transforms.ToTensor())
     train_iter = torch.utils.data.DataLoader(train_set, batch_size, shuffle=True, num_workers=workers,
                                              generator=torch.Generator().manual_seed(0),
                                              pin_memory=device.type == "cuda", persistent_workers=workers > 0)
@@ -161,8 +162,8 @@ def d2l_loaders(batch_size, n, n_test=16):
 def resident_loaders(batch_size, n, n_test=16):
     """The fast path's input: uint8 images on the device, each batch gathered and scaled to [0, 1] there."""
     g = torch.Generator().manual_seed(0)
-    return (loaders.ResidentLoader(images[:n], labels[:n], batch_size, shuffle=True, device=device, generator=g),
-            loaders.ResidentLoader(test_images[:n_test], test_labels[:n_test], batch_size, shuffle=False, device=device))
+    return (data.ResidentLoader(images[:n], labels[:n], batch_size, shuffle=True, device=device, generator=g),
+            data.ResidentLoader(test_images[:n_test], test_labels[:n_test], batch_size, shuffle=False, device=device))
 
 # %% tags=["nbval-ignore-output"]
 PHASES = [tr("data loading", "データの読み込み"), tr("host-to-device copy", "ホストからデバイスへの転送"),
@@ -170,7 +171,7 @@ PHASES = [tr("data loading", "データの読み込み"), tr("host-to-device cop
 torch.manual_seed(0)
 net = resnet18(10).to(device)
 init_weights(net)
-optimizer, loss_fn = T.make_optimizer(net, 0.1), nn.CrossEntropyLoss()
+optimizer, loss_fn = make_optimizer(net, 0.1), nn.CrossEntropyLoss()
 batches = iter(d2l_loaders(S["batch"], S["batch"] * (S["profile_steps"] + 1))[0])
 
 
@@ -179,7 +180,7 @@ def baseline_step(phase):
     with phase(PHASES[0]):
         X, y = next(batches)
     with phase(PHASES[1]):
-        X, y = T.move_batch(X, y, device)
+        X, y = move_batch(X, y, device)
         synchronize(device)
     with phase(PHASES[2]):
         loss = loss_fn(net(X), y)
@@ -242,7 +243,7 @@ else:
 #
 # ## One optimisation at a time
 #
-# `measure` trains the same number of images with each configuration through `mparlib.train.train`, one epoch per
+# `measure` trains the same number of images with each configuration through `mparlib.loop.train`, one epoch per
 # run, after one untimed warm-up run (worker start, kernel selection and, with `compile`, compilation). The train
 # loop's clock synchronises the device, and evaluation is not timed. The rows are cumulative: each adds one option
 # to the row above. `momentum`, `warmup` and `label_smoothing` change what is learned, not the speed, so they stay at
@@ -256,7 +257,7 @@ else:
 #
 # ## 最適化を 1つずつ
 #
-# `measure` は、各構成で同じ枚数の画像を `mparlib.train.train` で訓練します。1回の実行は 1エポックで、その前に時間を測らないウォームアップ実行を 1回行います（ワーカーの起動、カーネルの選択、`compile` のときはコンパイル）。訓練ループの時計はデバイスと同期しており、評価の時間は含みません。各行は累積で、上の行にオプションを 1つ加えたものです。`momentum`、`warmup`、`label_smoothing` は学習の中身を変えますが速度は変えないので、高速パスのどの行でも既定値のままにしています。計測時間は実行のたびに変わります。ほかのプログラムと共有しているマシンや、ステップ数の少ない `smoke` プロファイルでは特にそうです。同じ実行の中の行どうしを比べ、意外な結果が出た行は計測し直してください。
+# `measure` は、各構成で同じ枚数の画像を `mparlib.loop.train` で訓練します。1回の実行は 1エポックで、その前に時間を測らないウォームアップ実行を 1回行います（ワーカーの起動、カーネルの選択、`compile` のときはコンパイル）。訓練ループの時計はデバイスと同期しており、評価の時間は含みません。各行は累積で、上の行にオプションを 1つ加えたものです。`momentum`、`warmup`、`label_smoothing` は学習の中身を変えますが速度は変えないので、高速パスのどの行でも既定値のままにしています。計測時間は実行のたびに変わります。ほかのプログラムと共有しているマシンや、ステップ数の少ない `smoke` プロファイルでは特にそうです。同じ実行の中の行どうしを比べ、意外な結果が出た行は計測し直してください。
 
 # %%
 def measure(fast, batch_size, n_images, repeats):
@@ -474,7 +475,7 @@ for name, count, conv, i, o in distinct_convs(BIG).values():
     x = torch.rand(i, device=device).contiguous(memory_format=torch.channels_last)
     flops, moved = conv_cost(conv, i, o, bytes_per_value)
     best = math.inf
-    with torch.no_grad(), T.autocast_context(device, fast_dtype):
+    with torch.no_grad(), autocast_context(device, fast_dtype):
         for _ in range(S["conv_repeats"] + 1):
             synchronize(device)
             t = time.perf_counter()
