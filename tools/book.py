@@ -242,6 +242,10 @@ def _folders(root, course, notebooks, out, stage_dir):
     notebooks = Path(notebooks or root / course.get("notebooks", "notebooks")).resolve()
     out = Path(out or root / course.get("site", "site")).resolve()
     stage_dir = Path(stage_dir or root / course.get("stage", "build/book")).resolve()
+    # a folder that holds the repository is refused first: every other folder, wherever it lies, is inside it too
+    for folder in (out, stage_dir):
+        if folder == root or folder in root.parents:
+            raise BookError(f"{folder} would hold the whole repository; choose a subfolder such as site/.")
     pairs = [(out, stage_dir, "the site and the stage folder")]
     pairs += [(folder, notebooks / lang, f"the {what} folder and {notebooks / lang}") for lang in LANGS
               for folder, what in ((out, "site"), (stage_dir, "stage"))]
@@ -250,8 +254,6 @@ def _folders(root, course, notebooks, out, stage_dir):
             raise BookError(f"{what} overlap ({a} and {b}); give them separate folders (book.toml: site, stage, "
                             "notebooks).")
     for folder, what in ((out, "site"), (stage_dir, "stage")):
-        if folder == root or folder in root.parents:
-            raise BookError(f"{folder} would hold the whole repository; choose a subfolder such as site/.")
         _check_owned(folder, what)  # refused now rather than after the Markdown has been written
     return notebooks, out, stage_dir
 
