@@ -359,8 +359,11 @@ exec {sys.executable} "$@"
 
 def test_an_exhausted_budget_skips_the_steps_and_says_so(tmp_path):
     results = tmp_path / "results"
+    results.mkdir()
+    (results / "console.txt").write_text("")  # what `... | tee "$OUT/console.txt"` has opened before the script runs
     r = run("--no-cuda-check", "--budget", "30", "--results", str(results))
-    assert r.returncode == 1
+    assert r.returncode == 1, r.stderr
+    assert (results / "console.txt").exists()
     steps = json.loads((results / "summary.json").read_text())["steps"]
     assert {s["status"] for s in steps} == {"skipped"}
     assert all(s["note"] == "no time left in the 30 s budget" for s in steps)

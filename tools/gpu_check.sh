@@ -496,7 +496,8 @@ export HOST_KIND
 
 # --- the results folder -------------------------------------------------------------------------------------
 
-if [ -e "$RESULTS" ] && [ -n "$(ls -A "$RESULTS" 2>/dev/null)" ]; then
+# (console.txt: the console log that the command for the GPU machine above tees into the same folder)
+if [ -e "$RESULTS" ] && [ -n "$(ls -A "$RESULTS" 2>/dev/null | grep -vx console.txt)" ]; then
   # refill a folder this script wrote before (its summary.json names it); never one that holds other files
   grep -qs '"tool": "tools/gpu_check.sh"' "$RESULTS/summary.json" ||
     die "$RESULTS is not empty and was not written by this script: pass --results with another folder."
