@@ -233,11 +233,14 @@ for name in ["torch", "torchvision", "triton", "numpy", "matplotlib", "matplotli
         out["packages"][name] = {"version": dist.version, "location": str(dist.locate_file(""))}
     except md.PackageNotFoundError:
         out["packages"][name] = None
-try:
-    from mparlib import data
-    out["fashion_mnist"] = str(data.locate(download=False))
-except Exception as e:
-    out["fashion_mnist"] = f"not found ({type(e).__name__}: {str(e).splitlines()[0]})"
+# the data set the steps get (MPARLIB_DATA: the carried .data/fashion-mnist, unless the caller set it)
+folder = os.environ.get("MPARLIB_DATA")
+stems = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
+missing = [s for s in stems if not folder or not any(os.path.isfile(os.path.join(folder, s + x)) for x in ("", ".gz"))]
+if not folder:
+    out["fashion_mnist"] = "MPARLIB_DATA is not set: carry .data/fashion-mnist (bash tools/gpu_wheels.sh copies it)"
+else:
+    out["fashion_mnist"] = f"{folder} lacks {', '.join(missing)}" if missing else folder
 try:
     git = subprocess.run(["git", "rev-parse", "HEAD"], cwd=sys.argv[2], capture_output=True, text=True, timeout=10)
     out["git_commit"] = git.stdout.strip() or None
