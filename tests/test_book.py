@@ -874,9 +874,16 @@ def test_folders_that_would_overwrite_each_other_are_refused(tmp_path):
                               (tmp_path / "x", tmp_path / "x" / "stage", "overlap"),
                               (nbdir / "ja" / "site", tmp_path / "stage", "overlap"),
                               (tmp_path / "site", tmp_path, "overlap"),  # the stage would hold the notebooks
-                              (ROOT.parent, tmp_path / "stage", "would hold the whole repository")):
+                              # wherever this checkout lies (in the system temp folder too, beside tmp_path)
+                              (ROOT.parent, tmp_path / "stage", "would hold the whole repository"),
+                              (tmp_path / "site", ROOT, "would hold the whole repository")):
         with pytest.raises(book.BookError, match=words):
             book.build(notebooks=nbdir, out=out, stage_dir=stage, log=lambda *a: None)
+    # a repository cloned into the folder that also holds the stage and the notebooks: the site folder holding it
+    # is what is wrong, and what the message says, though the stage lies inside it as well
+    clone = _course_root(tmp_path / "clone")
+    with pytest.raises(book.BookError, match="would hold the whole repository"):
+        book.build(root=clone, notebooks=nbdir, out=tmp_path, stage_dir=tmp_path / "stage", log=lambda *a: None)
     (tmp_path / "site").write_text("a file")
     with pytest.raises(book.BookError, match="is a file, not a folder"):
         book.build(notebooks=nbdir, out=tmp_path / "site", stage_dir=tmp_path / "stage", log=lambda *a: None)

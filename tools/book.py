@@ -276,6 +276,10 @@ def _folders(root, course, notebooks, out, stage_dir):
     if not notebooks.is_relative_to(root) and not given:
         raise BookError(f"the notebooks folder {notebooks} (book.toml: notebooks) lies outside the repository "
                         f"{root}; the book publishes the course's own notebooks only.")
+    # a folder that holds the repository is refused first: every other folder, wherever it lies, is inside it too
+    for folder in (out, _partial(out), stage_dir):
+        if folder == root or folder in root.parents:
+            raise BookError(f"{folder} would hold the whole repository; choose a subfolder such as site/.")
     pairs = [(out, stage_dir, "the site and the stage folder")]
     pairs += [(folder, notebooks / lang, f"the {what} folder and {notebooks / lang}") for lang in LANGS
               for folder, what in ((out, "site"), (stage_dir, "stage"))]
@@ -283,9 +287,7 @@ def _folders(root, course, notebooks, out, stage_dir):
         if a == b or a in b.parents or b in a.parents:
             raise BookError(f"{what} overlap ({a} and {b}); give them separate folders (book.toml: site, stage, "
                             "notebooks).")
-    for folder, what in ((out, "site"), (_partial(out), "site"), (stage_dir, "stage")):
-        if folder == root or folder in root.parents:
-            raise BookError(f"{folder} would hold the whole repository; choose a subfolder such as site/.")
+    for folder, what in ((out, "site"), (stage_dir, "stage")):
         _check_owned(folder, what)  # refused now rather than after the Markdown has been written
     return notebooks, out, stage_dir
 

@@ -1,41 +1,51 @@
 #!/usr/bin/env bash
-# Run every GPU path of the course once, on a machine with a CUDA GPU and no network, in about 10 minutes:
+# Run every GPU path of the course once, on a machine with a CUDA GPU and no network, in time-boxed steps:
 #
 #   1. install   the packages the course needs that the machine lacks, from wheels carried in .whl/
 #   2. env       nvidia-smi and the versions of Python, torch, CUDA, cuDNN, NCCL and the course's packages
 #   3. pytest    every GPU-marked test: pytest -m gpu (JUnit XML in the results)
-#   4. bench-*   benchmarks/train_throughput.py (speed-up, TFLOP/s against the measured bf16 peak; time to 0.91
-#                test accuracy), benchmarks/ddp_throughput.py (DataParallel vs DDP with nccl), and
-#                collectives.py, sharding.py, pipeline.py where those benchmarks exist
-#   5. nb-05, nb-07   chapters 05 and 07 executed in the full profile (both editions), then the other chapters
-#                as time allows
-#   6. summary.json and summary.txt: each step's status, duration, time box and outputs; nvidia-smi; versions
+#   4. nbval-en  the stored English notebooks, as committed, under nbval as `make test` runs it, in the profile a
+#                GPU machine gets by default (MPARLIB_PROFILE unset: full): what a GPU runner checks. JUnit XML,
+#                and in summary.txt its line and each notebook's cells, failures and seconds
+#   5. bench-*   benchmarks/train_throughput.py (speed-up, TFLOP/s against the measured bf16 peak; time to 0.91
+#                test accuracy), benchmarks/ddp_throughput.py (DataParallel vs DDP with nccl), collectives.py,
+#                sharding.py and pipeline.py (with one GPU these three use gloo on the CPU: --quick by default)
+#   6. nbval-ja  the Japanese edition likewise: the same code as the English one, so it comes second. Both
+#                nbval steps come before every step that re-executes a notebook and writes over the stored one
+#   7. nb-05, nb-07   chapters 05 and 07 rebuilt in the full profile (both editions, written to notebooks/), then
+#                the other chapters as time allows
+#   8. summary.json and summary.txt: each step's status, duration, time box and outputs; nvidia-smi; versions
 #
 # Each step runs under `timeout`: it gets its time box or the time left before the budget runs out, whichever is
-# shorter, and a step that fails or runs out of time is recorded and the next one starts. On a machine where
-# torch sees no CUDA GPU the script stops at once, before installing or running anything, with exit code 2.
+# shorter, and a step that fails or runs out of time is recorded and the next one starts. A pytest step stopped at
+# its time box ends as after Ctrl-C: its JUnit XML still holds every test it finished. The chapters' boxes come
+# from one table (CHAPTERS below: one line per chapter). All steps together need more than one budget of 570 s:
+# a run does them in this order until its budget is spent, and --dry-run says how to split the plan into runs
+# that each fit (--only). On a machine where torch sees no CUDA GPU the script stops at once, before installing
+# or running anything, with exit code 2.
 #
-#   bash tools/gpu_check.sh                # everything (also: make gpu-check)
-#   bash tools/gpu_check.sh --dry-run      # print the steps, their time boxes and commands; run nothing
+#   bash tools/gpu_check.sh                # everything, as far as the budget goes (also: make gpu-check)
+#   bash tools/gpu_check.sh --dry-run      # print the steps, their time boxes, commands and reports; run nothing
 #   bash tools/gpu_check.sh --only nb-05,nb-07     # install and env, then only these steps (or groups)
 #
 # Options: --results DIR (default: $OUT if set, else gpu-results/), --budget SECONDS (default 570),
-#   --only STEP,... (step names or groups: checks, benchmarks, notebooks, notebooks-other), --archive /
+#   --only STEP,... (step names or groups: checks, nbval, benchmarks, notebooks, notebooks-other), --archive /
 #   --no-archive (pack the results into one .tar.gz per group; default: packed when the results go to $OUT),
 #   --no-cuda-check (run the steps without a GPU: to try this script itself; GPU tests then skip).
 # Environment: GPU_CHECK_PYTHON (default .venv/bin/python if it exists, else python3), GPU_CHECK_BUDGET (570),
 #   GPU_CHECK_WHEELS (.whl), GPU_CHECK_SITE (/tmp/mparlib-site: where the wheels are installed, and where the
 #   notebook kernel of tools/notebooks.py is registered when Jupyter lacks it; GPU_CHECK_KERNEL names another),
 #   GPU_CHECK_DATA (.data/fashion-mnist, used as MPARLIB_DATA unless that is set), GPU_CHECK_BOX_<STEP> (a step's
-#   time box in seconds, e.g. GPU_CHECK_BOX_NB_05=300), GPU_CHECK_ARGS_<BENCHMARK> (extra arguments of a later
-#   chapter's benchmark, e.g. GPU_CHECK_ARGS_COLLECTIVES="--backend nccl").
+#   time box in seconds, e.g. GPU_CHECK_BOX_NB_05=300), GPU_CHECK_ARGS_<BENCHMARK> (the arguments of collectives,
+#   sharding or pipeline in place of --quick, e.g. GPU_CHECK_ARGS_COLLECTIVES="--backend nccl" with 4 GPUs).
 # Exit code: 0 when every step passed, 1 when one failed, ran out of time or was skipped, 2 without a GPU.
 #
 # Results: plain files in the results folder (RESULTS/<step>/log.txt, RESULTS/pytest/junit.xml,
-#   RESULTS/env/nvidia-smi.txt, RESULTS/summary.json, RESULTS/summary.txt); the benchmarks' JSON go to
-#   benchmarks/results/ and the executed notebooks to notebooks/en and notebooks/ja, as usual. When packed (the
-#   GPU machine returns at most 8 files), RESULTS holds summary.json, summary.txt and checks.tar.gz,
-#   benchmarks.tar.gz, notebooks.tar.gz, notebooks-other.tar.gz; each archive holds gpu-results/<step>/... and
+#   RESULTS/nbval-en/junit.xml, RESULTS/env/nvidia-smi.txt, RESULTS/summary.json, RESULTS/summary.txt); the
+#   benchmarks' JSON go to benchmarks/results/ and the executed notebooks to notebooks/en and notebooks/ja, as
+#   usual. When packed (the GPU machine returns at most 8 files), RESULTS holds summary.json, summary.txt and
+#   checks.tar.gz, nbval.tar.gz, benchmarks.tar.gz, notebooks.tar.gz, notebooks-other.tar.gz (with a console
+#   log beside them, 8 files); each archive holds gpu-results/<step>/... and
 #   the JSON and notebooks its steps wrote, under their paths in the repository, so that
 #       tar -xzf RESULTS/benchmarks.tar.gz     (in the repository's top folder)
 #   puts the benchmark JSON into benchmarks/results/ and the logs into gpu-results/.
@@ -60,13 +70,15 @@
 # A GPU machine that runs one command over a copy of this tree and returns what it writes under $OUT (one H200,
 # no network, at most 600 s a command): send .whl and .data along with the tree, allow 600 s, and run
 #   set -o pipefail; GPU_CHECK_PYTHON=python3 bash tools/gpu_check.sh 2>&1 | tee "$OUT/console.txt"
+# and for the steps that did not fit, the same with each --only line that --dry-run prints, one command each.
 set -euo pipefail
 
 SELF=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/$(basename "${BASH_SOURCE[0]}")
 ROOT=$(cd "$(dirname "$SELF")/.." && pwd)
 cd "$ROOT"
 
-BUDGET=${GPU_CHECK_BUDGET:-570}  # seconds of wall time for the whole run (one command there may take 600)
+DEFAULT_BUDGET=570               # seconds of wall time for the whole run (one command there may take 600)
+BUDGET=${GPU_CHECK_BUDGET:-$DEFAULT_BUDGET}
 RESERVE=15                       # kept back for the summary and the archives
 KILL_AFTER=10                    # a step that ignores SIGTERM at its time limit is killed this much later
 MIN_STEP=20                      # a step that would get less than this (or than its box) is skipped
@@ -81,7 +93,28 @@ else
   PY=python3
 fi
 # What the steps after `install` import: a missing one fails that step with its name.
-IMPORTS="jupytext nbformat nbclient jupyter_client ipykernel IPython matplotlib_inline matplotlib_fontja d2l.torch"
+IMPORTS="jupytext nbformat nbclient nbval jupyter_client ipykernel IPython matplotlib_inline matplotlib_fontja \
+d2l.torch"
+# The chapters, one line each: NAME SECONDS GROUP; a new chapter is one more line (a chapter in notebooks/src without
+# one, or a line without a chapter, stops the script). SECONDS: one edition executed in the full profile on one
+# H200, estimated until measured (summary.txt lists each notebook's seconds under nbval: correct the line from it).
+# An edition's nbval step gets their sum plus NB_START s per notebook and PYTEST_START s; a chapter's rebuild
+# (nb-NN) twice its SECONDS (both editions) plus REBUILD_START s. GROUP: notebooks (rebuilt right after nbval-ja)
+# or notebooks-other (rebuilt after those, as time allows).
+CHAPTERS='
+00_setup                 20 notebooks-other
+01_dataparallel          15 notebooks-other
+02_wrapped_attributes    10 notebooks-other
+03_primitives            15 notebooks-other
+04_hybrid_cpu_gpu        20 notebooks-other
+05_multi_gpu_resnet     100 notebooks
+06_ddp                   80 notebooks-other
+07_performance          180 notebooks
+08_collectives           30 notebooks-other
+09_sharding              90 notebooks-other
+10_model_parallel        30 notebooks-other
+'
+PYTEST_START=30 NB_START=5 REBUILD_START=30
 # The Jupyter kernel tools/notebooks.py executes with (`make install` registers it; a bare machine has none).
 KERNEL=$(sed -n 's/^KERNEL_NAME = "\([^"]*\)".*/\1/p' "$ROOT/tools/notebooks.py" 2>/dev/null | head -n 1)
 KERNEL=${GPU_CHECK_KERNEL:-${KERNEL:-python3}}
@@ -200,11 +233,14 @@ for name in ["torch", "torchvision", "triton", "numpy", "matplotlib", "matplotli
         out["packages"][name] = {"version": dist.version, "location": str(dist.locate_file(""))}
     except md.PackageNotFoundError:
         out["packages"][name] = None
-try:
-    from mparlib import data
-    out["fashion_mnist"] = str(data.locate(download=False))
-except Exception as e:
-    out["fashion_mnist"] = f"not found ({type(e).__name__}: {str(e).splitlines()[0]})"
+# the data set the steps get (MPARLIB_DATA: the carried .data/fashion-mnist, unless the caller set it)
+folder = os.environ.get("MPARLIB_DATA")
+stems = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
+missing = [s for s in stems if not folder or not any(os.path.isfile(os.path.join(folder, s + x)) for x in ("", ".gz"))]
+if not folder:
+    out["fashion_mnist"] = "MPARLIB_DATA is not set: carry .data/fashion-mnist (bash tools/gpu_wheels.sh copies it)"
+else:
+    out["fashion_mnist"] = f"{folder} lacks {', '.join(missing)}" if missing else folder
 try:
     git = subprocess.run(["git", "rev-parse", "HEAD"], cwd=sys.argv[2], capture_output=True, text=True, timeout=10)
     out["git_commit"] = git.stdout.strip() or None
@@ -218,8 +254,18 @@ for key in ("python", "torch", "cuda_build", "cudnn", "nccl", "gpus", "fashion_m
 PY
 }
 
-if [ "${1:-}" = "--internal-step" ]; then  # the script calling itself for one of the two steps above
-  "do_$2" "$3"
+# shellcheck disable=SC2317  # called as do_$2 below
+do_pytest() {  # DIR ARGS...: pytest ARGS, where SIGTERM (the time box) ends the run as Ctrl-C does: pytest then
+  # still writes its JUnit XML and summary line for the tests it finished
+  shift
+  exec "$PY" -c 'import signal, sys
+import pytest
+signal.signal(signal.SIGTERM, signal.default_int_handler)
+sys.exit(pytest.main(sys.argv[1:]))' "$@"
+}
+
+if [ "${1:-}" = "--internal-step" ]; then  # the script calling itself for one of the steps above
+  "do_$2" "${@:3}"
   exit
 fi
 
@@ -253,46 +299,79 @@ fi
 
 # --- the plan -----------------------------------------------------------------------------------------------
 
-S_NAME=() S_GROUP=() S_BOX=() S_CMD=() S_SHOW=()
-add_step() {  # NAME GROUP BOX COMMAND [WHAT THE DRY RUN SHOWS]
+S_NAME=() S_GROUP=() S_BOX=() S_CMD=() S_SHOW=() S_REPORT=()
+add_step() {  # NAME GROUP BOX COMMAND [WHAT THE DRY RUN SHOWS [REPORT FILE IN THE STEP'S FOLDER]]
   local var
   var="GPU_CHECK_BOX_$(echo "$1" | tr '[:lower:]-' '[:upper:]_')"
   [[ ${!var:-$3} =~ ^[0-9]+$ ]] || die "$var must be whole seconds, not '${!var}'"
-  S_NAME+=("$1") S_GROUP+=("$2") S_BOX+=("${!var:-$3}") S_CMD+=("$4") S_SHOW+=("${5:-$4}")
+  S_NAME+=("$1") S_GROUP+=("$2") S_BOX+=("${!var:-$3}") S_CMD+=("$4") S_SHOW+=("${5:-$4}") S_REPORT+=("${6:-}")
 }
-P=$(q "$PY")
-add_step install checks 90 "bash $(q "$SELF") --internal-step install \"\$STEP_DIR\"" \
-  "$P -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $(q "$SITE") \
-<each wheel in $(q "$WHEELS") whose project $P lacks>; register the Jupyter kernel '$KERNEL' if Jupyter lacks it; \
-then import $IMPORTS"
-add_step env checks 45 "bash $(q "$SELF") --internal-step env \"\$STEP_DIR\"" \
-  "nvidia-smi > nvidia-smi.txt; nvidia-smi --query-gpu=... --format=csv; $P: versions > versions.json"
-# (a test module that cannot be imported there, e.g. for a package only the book needs, must not stop the others)
-add_step pytest checks 150 "$P -m pytest -m gpu -p no:cacheprovider --continue-on-collection-errors -v -rfEs \
---durations=15 --junitxml=\"\$STEP_DIR/junit.xml\" tests"
-# shellcheck disable=SC2016  # expanded later, by the step's shell
-KIND='${HOST_KIND}'  # expanded when the step runs: e.g. 1x-nvidia-h200, as the benchmark names its files
-add_step bench-train-throughput benchmarks 150 "$P benchmarks/train_throughput.py --only throughput \
---out benchmarks/results/train_throughput-$KIND-throughput.json"
-add_step bench-train-tta benchmarks 150 "$P benchmarks/train_throughput.py --only time-to-accuracy \
---out benchmarks/results/train_throughput-$KIND-time-to-accuracy.json"
-add_step bench-ddp benchmarks 60 "$P benchmarks/ddp_throughput.py"
-for b in collectives sharding pipeline; do  # benchmarks of the later chapters, once they exist
-  if [ -f "benchmarks/$b.py" ]; then
-    var="GPU_CHECK_ARGS_$(echo "$b" | tr '[:lower:]' '[:upper:]')"
-    add_step "bench-$b" benchmarks 60 "$P benchmarks/$b.py${!var:+ ${!var}}"
+
+CH_NAME=() CH_SEC=() CH_GROUP=()
+while read -r name sec group extra; do
+  [ -n "$name" ] || continue
+  if ! [[ $sec =~ ^[0-9]+$ ]] || [ -n "$extra" ] || { [ "$group" != notebooks ] && [ "$group" != notebooks-other ]; }
+  then
+    die "CHAPTERS in $SELF: '$name $sec $group${extra:+ $extra}' is not NAME SECONDS notebooks|notebooks-other"
   fi
-done
-NB="MPARLIB_PROFILE=full $P tools/notebooks.py build"
-add_step nb-05 notebooks 240 "$NB 05_multi_gpu_resnet"
-add_step nb-07 notebooks 300 "$NB 07_performance"
+  [ -f "notebooks/src/$name.py" ] || die "CHAPTERS in $SELF names $name, but there is no notebooks/src/$name.py:
+remove its line or correct the name."
+  CH_NAME+=("$name") CH_SEC+=("$sec") CH_GROUP+=("$group")
+done <<<"$CHAPTERS"
 shopt -s nullglob
 for src in notebooks/src/[0-9][0-9]_*.py; do
   chapter=$(basename "$src" .py)
-  case $chapter in 05_*|07_*) continue ;; esac
-  add_step "nb-${chapter%%_*}" notebooks-other 150 "$NB $chapter"
+  [[ " ${CH_NAME[*]} " == *" $chapter "* ]] || die "$src has no line in CHAPTERS of $SELF: add one
+(NAME SECONDS GROUP, e.g. '$chapter 60 notebooks-other'), with the seconds one edition takes in the full profile."
 done
 shopt -u nullglob
+per_edition=$PYTEST_START
+for sec in "${CH_SEC[@]}"; do per_edition=$((per_edition + sec + NB_START)); done
+
+P=$(q "$PY")
+add_step install checks 45 "bash $(q "$SELF") --internal-step install \"\$STEP_DIR\"" \
+  "$P -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $(q "$SITE") \
+<each wheel in $(q "$WHEELS") whose project $P lacks>; register the Jupyter kernel '$KERNEL' if Jupyter lacks it; \
+then import $IMPORTS"
+add_step env checks 25 "bash $(q "$SELF") --internal-step env \"\$STEP_DIR\"" \
+  "nvidia-smi > nvidia-smi.txt; nvidia-smi --query-gpu=... --format=csv; $P: versions > versions.json"
+PYTEST="bash $(q "$SELF") --internal-step pytest \"\$STEP_DIR\""  # $P -m pytest ..., ending as Ctrl-C at its box
+# tests/e2e drive JupyterLab in a browser (never on a GPU; jupyter_server is not carried); a test module that still
+# cannot be imported there, e.g. for a package only the book needs, must not stop the others
+GPU_TESTS="-m gpu -p no:cacheprovider --ignore=tests/e2e --continue-on-collection-errors -v -rfEs --durations=15 \
+--junitxml=\"\$STEP_DIR/junit.xml\" tests"
+add_step pytest checks 120 "$PYTEST $GPU_TESTS" "$P -m pytest $GPU_TESTS" junit.xml
+# the Makefile's `make test` (README: For maintainers), one edition per step; MPARLIB_PROFILE unset, so that the
+# notebooks run in the profile mparlib.profile() gives a GPU machine (full), whatever the caller's environment says
+NBVAL="--nbval --nbval-current-env --nbval-sanitize-with tests/sanitize.cfg -p no:cacheprovider -rfE \
+--durations=20 --junitxml=\"\$STEP_DIR/junit.xml\""
+add_nbval() {  # LANG
+  add_step "nbval-$1" nbval "$per_edition" "env -u MPARLIB_PROFILE $PYTEST $NBVAL notebooks/$1" \
+    "env -u MPARLIB_PROFILE $P -m pytest $NBVAL notebooks/$1" junit.xml
+}
+add_nbval en
+# shellcheck disable=SC2016  # expanded later, by the step's shell
+KIND='${HOST_KIND}'  # expanded when the step runs: e.g. 1x-nvidia-h200, as the benchmark names its files
+add_step bench-train-throughput benchmarks 140 "$P benchmarks/train_throughput.py --only throughput \
+--out benchmarks/results/train_throughput-$KIND-throughput.json"
+add_step bench-train-tta benchmarks 140 "$P benchmarks/train_throughput.py --only time-to-accuracy \
+--out benchmarks/results/train_throughput-$KIND-time-to-accuracy.json"
+add_step bench-ddp benchmarks 60 "$P benchmarks/ddp_throughput.py"
+# nccl needs a GPU per process: with fewer GPUs than ranks these three use gloo on the CPU, so by default they
+# only show that they run there (--quick); GPU_CHECK_ARGS_<NAME> gives other arguments ("" for the full run)
+for b in collectives sharding pipeline; do
+  var="GPU_CHECK_ARGS_${b^^}"
+  args=${!var---quick}
+  add_step "bench-$b" benchmarks 45 "$P benchmarks/$b.py${args:+ $args}"
+done
+add_nbval ja
+NB="MPARLIB_PROFILE=full $P tools/notebooks.py build"
+for group in notebooks notebooks-other; do
+  for ((c = 0; c < ${#CH_NAME[@]}; c++)); do
+    [ "${CH_GROUP[$c]}" = "$group" ] || continue
+    add_step "nb-${CH_NAME[$c]%%_*}" "$group" $((2 * CH_SEC[c] + REBUILD_START)) "$NB ${CH_NAME[$c]}"
+  done
+done
 N=${#S_NAME[@]}
 
 SELECTED=()  # 1 for each step that runs
@@ -305,7 +384,7 @@ if [ -n "$ONLY" ]; then
       if [ "$w" = "${S_NAME[$i]}" ] || [ "$w" = "${S_GROUP[$i]}" ]; then known=1; fi
     done
     ((known)) || die "--only: no step or group '$w'; steps: ${S_NAME[*]};
-groups: checks benchmarks notebooks notebooks-other"
+groups: checks nbval benchmarks notebooks notebooks-other"
   done
   for ((i = 0; i < N; i++)); do
     SELECTED[i]=0
@@ -315,6 +394,19 @@ groups: checks benchmarks notebooks notebooks-other"
     done
   done
 fi
+
+by_group() {  # STEP,STEP,...: the same list, with a group's name in place of all its selected steps
+  local list=",$1," g i all
+  for g in checks nbval benchmarks notebooks notebooks-other; do
+    all=""
+    for ((i = 0; i < N; i++)); do
+      if ((SELECTED[i])) && [ "${S_GROUP[$i]}" = "$g" ] && [[ $i -gt 1 ]]; then all+="${S_NAME[$i]},"; fi
+    done
+    if [ -n "$all" ] && [[ $list == *",$all"* ]]; then list=${list/",$all"/",$g,"}; fi
+  done
+  list=${list#,}
+  echo "${list%,}"
+}
 
 if ((DRY)); then
   packed="plain files"
@@ -329,8 +421,43 @@ if ((DRY)); then
     ((SELECTED[i])) || mark=" (not selected)"
     printf '%2d %-24s %-16s box %4d s  %s%s\n' $((i + 1)) "${S_NAME[$i]}" "${S_GROUP[$i]}" "${S_BOX[$i]}" \
       "${S_SHOW[$i]}" "$mark"
+    if [ -n "${S_REPORT[$i]}" ]; then
+      where="$RESULTS/${S_NAME[$i]}/${S_REPORT[$i]}"
+      [ "$ARCHIVE" = 1 ] && where="gpu-results/${S_NAME[$i]}/${S_REPORT[$i]} in $RESULTS/${S_GROUP[$i]}.tar.gz"
+      echo "     report: $where; its pytest summary line and counts in $RESULTS/summary.txt"
+    fi
   done
   echo "last: summary.json and summary.txt in $RESULTS"
+  # install and env start every run; the other selected steps, in order, fill runs of this budget. A step whose
+  # box no run can hold takes what is left of the current run (or a run of its own, when under half is left).
+  usable=$((BUDGET - RESERVE - KILL_AFTER)) base=$((S_BOX[0] + S_BOX[1]))
+  if ((usable > base)); then
+    total=$base load=$base names="" runs=() notes=()
+    for ((i = 2; i < N; i++)); do
+      ((SELECTED[i])) || continue
+      box=${S_BOX[$i]}
+      total=$((total + box))
+      if ((box > usable - base)); then
+        if ((2 * (usable - load) < usable - base)); then runs+=("$load $names") load=$base names=""; fi
+        box=$((usable - load))
+        notes+=("${S_NAME[$i]}'s box of ${S_BOX[$i]} s does not fit a run of $BUDGET s: there it gets about $box s and \
+stops, with the report of what it finished (a larger --budget where a command may run longer)")
+      elif [ -n "$names" ] && ((load + box > usable)); then
+        runs+=("$load $names") load=$base names=""
+      fi
+      names+="${names:+,}${S_NAME[$i]}" load=$((load + box))
+    done
+    [ -n "$names" ] && runs+=("$load $names")
+    if ((${#runs[@]} > 1)); then
+      echo "the boxes add up to $total s, more than one run of $BUDGET s holds; in runs of $BUDGET s, one command each:"
+      more=""
+      [ "$BUDGET" = "$DEFAULT_BUDGET" ] || more=" --budget $BUDGET"
+      for r in "${runs[@]}"; do
+        echo "  about ${r%% *} s: bash tools/gpu_check.sh$more --only $(by_group "${r#* }")"
+      done
+    fi
+    for n in "${notes[@]}"; do echo "note: $n"; done
+  fi
   exit 0
 fi
 
@@ -372,12 +499,13 @@ export HOST_KIND
 
 # --- the results folder -------------------------------------------------------------------------------------
 
-if [ -e "$RESULTS" ] && [ -n "$(ls -A "$RESULTS" 2>/dev/null)" ]; then
+# (console.txt: the console log that the command for the GPU machine above tees into the same folder)
+if [ -e "$RESULTS" ] && [ -n "$(ls -A "$RESULTS" 2>/dev/null | grep -vx console.txt)" ]; then
   # refill a folder this script wrote before (its summary.json names it); never one that holds other files
   grep -qs '"tool": "tools/gpu_check.sh"' "$RESULTS/summary.json" ||
     die "$RESULTS is not empty and was not written by this script: pass --results with another folder."
   for n in "${S_NAME[@]}"; do rm -rf "${RESULTS:?}/$n"; done
-  rm -f "$RESULTS"/summary.json "$RESULTS"/summary.txt "$RESULTS"/{checks,benchmarks,notebooks,notebooks-other}.tar.gz
+  rm -f "$RESULTS"/summary.json "$RESULTS"/summary.txt "$RESULTS"/{checks,nbval,benchmarks,notebooks,notebooks-other}.tar.gz
 fi
 mkdir -p "$RESULTS"
 if [ "$ARCHIVE" = 1 ]; then WORK=$(mktemp -d "${TMPDIR:-/tmp}/gpu-check.XXXXXX"); else WORK=$RESULTS; fi
@@ -397,7 +525,7 @@ export GC_WORK=$WORK GC_RESULTS=$RESULTS GC_ROOT=$ROOT GC_ARCHIVE=$ARCHIVE GC_BU
 
 summary() {  # GROUP|all [final]: rewrite summary.json and summary.txt (and that group's archive when packing)
   GC_ELAPSED=$SECONDS "$PY" - "$@" <<'PY' || say "warning: the summary could not be written (exit code $?)"
-import json, os, sys, tarfile, time
+import contextlib, json, os, re, sys, tarfile, time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -438,6 +566,36 @@ def headline(path):
         h["rows"] = {x.get("config"): x.get("images_per_s") for x in r["rows"]}
     return h
 
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+PYTEST_END = re.compile(r"^=+ (.*\d+(?:\.\d+)?s(?: \([0-9:]+\))?) =+$")
+
+
+def tests(junit, step):
+    """Counts and failures from a JUnit XML; for nbval, each notebook's cells, failures and seconds, and the
+    notebooks of the edition that the run did not reach (stopped at its time box)."""
+    suites = ET.parse(junit).getroot()
+    suites = [suites] if suites.tag == "testsuite" else list(suites)
+    cases = [c for x in suites for c in x.iter("testcase") if c.get("name")]
+    bad = [c for c in cases if c.find("failure") is not None or c.find("error") is not None]
+    t = {k: sum(int(x.get(k, 0)) for x in suites) for k in ("tests", "failures", "errors", "skipped")}
+    t["failed"] = [f"{c.get('classname')}::{c.get('name')}" for c in bad][:30]
+    if step.startswith("nbval-"):
+        books = {}
+        for c in cases:  # classname: notebooks.en.05_multi_gpu_resnet.ipynb
+            b = books.setdefault(c.get("classname", "").removesuffix(".ipynb").split(".")[-1] + ".ipynb",
+                                 {"cells": 0, "failed": 0, "seconds": 0.0})
+            b["cells"] += 1
+            b["failed"] += c in bad
+            b["seconds"] = round(b["seconds"] + float(c.get("time") or 0), 1)
+        edition = root / "notebooks" / step.removeprefix("nbval-")
+        for nb, b in books.items():  # nbval checks each code cell: how many of them the run got to
+            with contextlib.suppress(OSError, ValueError):
+                b["of"] = sum(c.get("cell_type") == "code" for c in json.loads((edition / nb).read_text())["cells"])
+        t["notebooks"] = books
+        t["not_reached"] = sorted(p.name for p in edition.glob("*.ipynb") if p.name not in books)
+    return t
+
+
 steps = []
 for (idx, name, grp, box, selected), command in zip(plan, commands):
     d = work / name
@@ -458,14 +616,13 @@ for (idx, name, grp, box, selected), command in zip(plan, commands):
     junit = d / "junit.xml"
     if junit.exists():
         try:
-            suites = ET.parse(junit).getroot()
-            suites = [suites] if suites.tag == "testsuite" else list(suites)
-            t = {k: sum(int(x.get(k, 0)) for x in suites) for k in ("tests", "failures", "errors", "skipped")}
-            t["failed"] = [f"{c.get('classname')}::{c.get('name')}" for x in suites for c in x.iter("testcase")
-                           if c.find("failure") is not None or c.find("error") is not None][:30]
-            s["tests"] = t
+            s["tests"] = tests(junit, name)
         except ET.ParseError as e:
             s["tests"] = {"unreadable": str(e)}
+        if log.exists():  # pytest's last line, e.g. "2 failed, 40 passed in 300.12s (0:05:00)"
+            ends = [m.group(1) for m in map(PYTEST_END.match, ANSI.sub("", log.read_text(errors="replace"))
+                                            .splitlines()) if m]
+            s["pytest_summary"] = ends[-1] if ends else None
     heads = [h for h in (headline(root / o) for o in outs if o.endswith(".json")) if h]
     if heads:
         s["headlines"] = heads
@@ -532,7 +689,16 @@ for s in steps:
     t = s.get("tests")
     if t and "tests" in t:
         lines += ["", f"{s['name']}: {t['tests']} tests, {t['failures']} failed, {t['errors']} errors, "
-                      f"{t['skipped']} skipped" + "".join(f"\n  failed: {f}" for f in t["failed"])]
+                      f"{t['skipped']} skipped" + (f" (pytest: {s['pytest_summary']})" if s.get("pytest_summary")
+                                                   else " (no summary line from pytest)")]
+        books = list(t.get("notebooks", {}).items())
+        for k, (nb, b) in enumerate(books):
+            stopped = s["status"] == "timeout" and k == len(books) - 1 and b["cells"] < b.get("of", 0)
+            lines.append(f"  {nb}: {b['cells']}" + (f" of {b['of']}" if "of" in b else "") + f" cells, {b['failed']} "
+                         f"failed, {b['seconds']:.0f} s" + (" (stopped here at the time box)" if stopped else ""))
+        if t.get("not_reached"):
+            lines.append(f"  not reached: {', '.join(t['not_reached'])}")
+        lines += [f"  failed: {f}" for f in t["failed"]]
     for h in s.get("headlines", []):
         lines += ["", f"{s['name']}: " + json.dumps(h, ensure_ascii=False)]
 if smi:
