@@ -7,6 +7,7 @@ import platform
 
 import torch
 
+from .checks import positive_int
 from .errors import ConfigError, DeviceError
 from .lang import tr
 
@@ -41,9 +42,7 @@ def try_all_gpus():
 
 def require_gpus(n):
     """Return the first ``n`` GPUs, or raise a clear error if the machine has fewer. Explained in 05_multi_gpu_resnet."""
-    if not (isinstance(n, int) and not isinstance(n, bool) and n >= 1):
-        raise ConfigError(tr(f"require_gpus({n!r}): ask for a positive number of GPUs, such as 2.",
-                             f"require_gpus({n!r}): GPU の枚数は 2 のような正の整数で指定してください。"))
+    n = positive_int(n, "n", 2, "require_gpus")
     have = num_gpus()
     if n > have:
         fix_en = (f"Ask for at most {have}, or pass" if have else "Run it on a machine with GPUs, or pass")
@@ -131,7 +130,8 @@ def check_devices(devices, what="devices", *, mixed=False):
             "Pass mparlib.try_all_gpus(), which falls back to [cpu].",
             f"{what} が空です（GPU のないマシンでは d2l.try_all_gpus() が [] を返します）。"
             "CPU だけのときは [cpu] を返す mparlib.try_all_gpus() を渡してください。"))
-    parsed = [_parse_device(d, what) for d in items]
+    names = [f"{what}[{i}]" if mixed else what for i in range(len(items))]  # mixed: each device has its own role
+    parsed = [_parse_device(d, name) for d, name in zip(items, names)]
     kinds = {d.type for d in parsed}
     if len(kinds) > 1 and not mixed:
         shown = ", ".join(str(d) for d in parsed)
@@ -142,7 +142,7 @@ def check_devices(devices, what="devices", *, mixed=False):
             f"Expected a non cpu device, but got: cpu（PyTorch のメッセージ）。リスト [{shown}] には種類の違うデバイスが"
             "混ざっています。データ並列に使うデバイスは 1種類にそろえます。すべて GPU（mparlib.try_all_gpus()）にするか、"
             "CPU を k 回並べて（['cpu'] * k）k 個のデバイスを模擬してください。"))
-    return [check_device(d, f"{what}[{i}]" if mixed else what) for i, d in enumerate(parsed)]
+    return [check_device(d, name) for d, name in zip(parsed, names)]
 
 
 def profile():

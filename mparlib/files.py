@@ -109,10 +109,3 @@ def atomic_write_bytes(path, data):
     with _atomic_open(path) as f:
         f.write(data)
 
-
-def _atomic_torch_save(obj, path):
-    """``torch.save`` that is atomic: write to a temporary file, then rename."""
-    import torch
-
-    with _atomic_open(path) as f:
-        torch.save(obj, f)
