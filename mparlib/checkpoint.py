@@ -73,11 +73,11 @@ def state_dict_of(model):
     for name, t in [*plain.named_parameters(), *plain.named_buffers()]:
         if is_lazy(t):  # a lazy layer before its first forward pass: there is no shape to save yet
             raise ConfigError(tr(
-                f"Cannot save {type(plain).__name__}: '{name}' is an uninitialised lazy parameter (its shape is decided "
-                "by the first forward pass). Run one dummy forward first, e.g. net(torch.zeros(1, *input_shape)) with "
-                "the shape of one example, then save.",
-                f"{type(plain).__name__} を save できません。'{name}' はまだ初期化されていない遅延パラメータです（形は最初の"
-                "順伝播で決まります）。先にダミーの順伝播を 1回実行してください。例えば 1つの例の形で "
+                f"Cannot save {type(plain).__name__}: '{name}' is an uninitialised lazy parameter (its shape is "
+                "decided by the first forward pass). Run one dummy forward first, e.g. net(torch.zeros(1, "
+                "*input_shape)) with the shape of one example, then save.",
+                f"{type(plain).__name__} を save できません。'{name}' はまだ初期化されていない遅延パラメータです"
+                "（形は最初の順伝播で決まります）。先にダミーの順伝播を 1回実行してください。例えば 1つの例の形で "
                 "net(torch.zeros(1, *input_shape)) を呼び、それから save します。"))
     return plain.state_dict()
 
@@ -91,9 +91,7 @@ def _as_path(path, what):
     return Path(path).expanduser()
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# What a checkpoint may hold
-# ----------------------------------------------------------------------------------------------------------------
+# ---- What a checkpoint may hold --------------------------------------------------------------------------------
 def _type_name(value):
     t = type(value)
     return t.__qualname__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
@@ -167,9 +165,7 @@ def _portable(value, where, active=()):
     return new
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Saving
-# ----------------------------------------------------------------------------------------------------------------
+# ---- Saving ----------------------------------------------------------------------------------------------------
 def _is_course_checkpoint(path):
     """True for a file that ``save_checkpoint`` wrote (it carries the format marker)."""
     try:
@@ -227,9 +223,7 @@ def save_checkpoint(model, path, /, *, overwrite=False, **extra):
     return path
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Loading
-# ----------------------------------------------------------------------------------------------------------------
+# ---- Loading ---------------------------------------------------------------------------------------------------
 def _unreadable(path, en, ja):
     return CheckpointError(tr(f"load_checkpoint: {path} {en} It was left unchanged. Pass a file written by "
                               "save_checkpoint or by torch.save(model.state_dict(), path).",

@@ -25,9 +25,7 @@ def try_gpu(i=0):
     This is a convenience with a silent fallback. When a chapter *needs* ``i + 1`` GPUs, use
     :func:`require_gpus`, which says so instead of quietly running on the CPU.
     """
-    if num_gpus() >= i + 1:
-        return torch.device(f"cuda:{i}")
-    return torch.device("cpu")
+    return torch.device(f"cuda:{i}") if num_gpus() >= i + 1 else torch.device("cpu")
 
 
 def try_all_gpus():

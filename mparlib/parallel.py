@@ -23,22 +23,17 @@ __all__ = ["replicate", "scatter", "scatter_kwargs", "parallel_apply", "gather",
 
 
 # ---- Checks shared by the primitives ---------------------------------------------------------------------------
-def _check_initialised(module, action="replicate"):
-    """Lazy layers (``nn.LazyLinear`` ...) have no shape until one forward pass: refuse to copy them."""
-    for name, t in list(module.named_parameters()) + list(module.named_buffers()):
+def _check_copyable(module, device):
+    """Refuse lazy layers (no shape before one forward pass) and, PyTorch's rule, a module not on ``devices[0]``."""
+    for name, t in [*module.named_parameters(), *module.named_buffers()]:
         if is_lazy(t):
             raise ConfigError(tr(
-                f"Cannot {action} {type(module).__name__}: '{name}' is an uninitialised lazy parameter (its shape "
-                f"is decided by the first forward pass). Run one dummy forward first, e.g. "
-                f"net(torch.zeros(1, *input_shape)) with the shape of one example, then {action}.",
-                f"{type(module).__name__} を {action} できません。'{name}' はまだ初期化されていない遅延パラメータです"
+                f"Cannot replicate {type(module).__name__}: '{name}' is an uninitialised lazy parameter (its shape "
+                "is decided by the first forward pass). Run one dummy forward first, e.g. "
+                "net(torch.zeros(1, *input_shape)) with the shape of one example, then replicate.",
+                f"{type(module).__name__} を replicate できません。'{name}' はまだ初期化されていない遅延パラメータです"
                 "（形は最初の順伝播で決まります）。先にダミーの順伝播を 1回実行してください。例えば 1つの例の形で "
-                f"net(torch.zeros(1, *input_shape)) を呼び、それから {action} します。"))
-
-
-def _check_on(module, device):
-    """PyTorch's rule: the module to copy lives on ``devices[0]``; say where it is instead."""
-    for name, t in list(module.named_parameters()) + list(module.named_buffers()):
+                "net(torch.zeros(1, *input_shape)) を呼び、それから replicate します。"))
         if t.device != device:
             raise DeviceError(tr(
                 f"module must have its parameters and buffers on device {device} (devices[0]) but found "
@@ -76,18 +71,6 @@ def _check_list(value, name, what, kind=(list, tuple)):
                              f"{what}: {name} には{ja}を渡してください。渡されたのは {type(value).__name__} です。"))
 
 
-def _first_tensor(obj):
-    """The first tensor inside a nest of tuples, lists and dicts, or None."""
-    if isinstance(obj, torch.Tensor):
-        return obj
-    items = obj.values() if isinstance(obj, dict) else obj if isinstance(obj, (list, tuple)) else ()
-    for item in items:
-        t = _first_tensor(item)
-        if t is not None:
-            return t
-    return None
-
-
 # ---- replicate -------------------------------------------------------------------------------------------------
 def replicate(module, devices):
     """One copy of ``module`` per device; gradients of all copies flow back into the original. Explained in 03_primitives.
@@ -111,8 +94,7 @@ def replicate(module, devices):
 def _replicate(module, devices):
     """:func:`replicate` on a list that :func:`check_devices` accepted."""
     _check_module(module, "replicate")
-    _check_initialised(module)
-    _check_on(module, devices[0])
+    _check_copyable(module, devices[0])
     originals = list(module.modules())  # each submodule once, even if it is used twice
     replicas = []
     for j, device in enumerate(devices):
@@ -145,19 +127,20 @@ def _is_dataclass_instance(obj):
     return dataclasses.is_dataclass(obj) and not isinstance(obj, type)
 
 
+def _init_fields(obj):
+    """The names of a dataclass instance's ``__init__`` fields: what scatter and gather rebuild it from."""
+    return [f.name for f in dataclasses.fields(obj) if f.init]
+
+
 def _tensors_in(obj):
     """Every tensor that scatter would split, in order."""
     if isinstance(obj, torch.Tensor):
         yield obj
     elif _is_dataclass_instance(obj):
-        for f in dataclasses.fields(obj):
-            if f.init:
-                yield from _tensors_in(getattr(obj, f.name))
-    elif isinstance(obj, dict):
-        for v in obj.values():
-            yield from _tensors_in(v)
-    elif isinstance(obj, (list, tuple)):
-        for v in obj:
+        for k in _init_fields(obj):
+            yield from _tensors_in(getattr(obj, k))
+    elif isinstance(obj, (dict, list, tuple)):
+        for v in obj.values() if isinstance(obj, dict) else obj:
             yield from _tensors_in(v)
 
 
@@ -203,8 +186,8 @@ def _scatter(inputs, devices, dim):
             return [type(obj)(parts) for parts in zip(*map(split, obj))]
         if isinstance(obj, dict) and obj:
             return [type(obj)(zip(obj.keys(), parts)) for parts in zip(*map(split, obj.values()))]
-        if _is_dataclass_instance(obj) and any(f.init for f in dataclasses.fields(obj)):
-            names = [f.name for f in dataclasses.fields(obj) if f.init]
+        if _is_dataclass_instance(obj) and _init_fields(obj):
+            names = _init_fields(obj)
             return [dataclasses.replace(obj, **dict(zip(names, parts)))
                     for parts in zip(*(split(getattr(obj, k)) for k in names))]
         return [obj] * n
@@ -257,7 +240,7 @@ def parallel_apply(modules, inputs, kwargs_tup=None, devices=None):
     devices = [None] * n if devices is None else [check_device(d) if d is not None else None for d in devices]
     for i, d in enumerate(devices):
         if d is None:  # where does replica i run? where its input or its weights are
-            t = _first_tensor(inputs[i])
+            t = next(_tensors_in(inputs[i]), None)
             if t is None and isinstance(modules[i], nn.Module):
                 t = next(modules[i].parameters(), None)
             devices[i] = t.device if t is not None else torch.device("cpu")
@@ -362,7 +345,8 @@ def _merge(items, where, target, dim):
                           "が None のレプリカとそうでないレプリカがあります")
         return None
     if len(kinds) > 1:
-        raise _uneven(where, f"has different types on different replicas: {kinds}", f"の型がレプリカによって違います: {kinds}")
+        raise _uneven(where, f"has different types on different replicas: {kinds}",
+                      f"の型がレプリカによって違います: {kinds}")
     if isinstance(first, dict):
         if any(x.keys() != first.keys() for x in items):
             keys = [sorted(map(str, x)) for x in items]
@@ -375,9 +359,8 @@ def _merge(items, where, target, dim):
         parts = [_merge(list(col), f"{where}[{i}]", target, dim) for i, col in enumerate(zip(*items))]
         return type(first)(*parts) if _is_namedtuple(first) else type(first)(parts)
     if _is_dataclass_instance(first):
-        names = [f.name for f in dataclasses.fields(first) if f.init]
         return dataclasses.replace(first, **{k: _merge([getattr(x, k) for x in items], f"{where}.{k}", target, dim)
-                                             for k in names})
+                                             for k in _init_fields(first)})
     if all(x == first for x in items[1:]):
         return first
     raise ConfigError(tr(f"gather cannot combine {where} = {items!r}: only tensors are concatenated; other values "
