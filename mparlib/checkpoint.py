@@ -42,18 +42,13 @@ _ATOMS = (type(None), bool, int, float, complex, str, bytes, bytearray, torch.dt
           type(torch.strided))
 
 
-def _is_compiled(model):
-    """True for what ``torch.compile(module)`` returns (only possible once torch._dynamo has been imported)."""
-    eval_frame = sys.modules.get("torch._dynamo.eval_frame")
-    return eval_frame is not None and isinstance(model, eval_frame.OptimizedModule)
-
-
 def unwrap(model):
     """The plain module under ``DataParallel``, ``DistributedDataParallel`` or ``torch.compile``. Explained in 02_wrapped_attributes."""
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")  # torch.compile's wrapper exists once it is imported
     while True:
         if isinstance(model, (nn.DataParallel, nn.parallel.DistributedDataParallel)):
             model = model.module
-        elif _is_compiled(model):
+        elif eval_frame is not None and isinstance(model, eval_frame.OptimizedModule):
             model = model._orig_mod  # torch.compile's wrapper keeps the original module here
         else:
             return model
@@ -149,11 +144,9 @@ def _portable(value, where, active=()):
     if id(value) in active:
         _refuse(where, value, ("contains itself", "は自分自身を含んでいます"))
     active = (*active, id(value))
-    if t is set:
-        items = [_portable(v, f"{where} (an element)", active) for v in value]
-        return value if all(a is b for a, b in zip(items, value)) else set(items)
-    if t is list or t is tuple:
-        items = [_portable(v, f"{where}[{i}]", active) for i, v in enumerate(value)]
+    if t in (set, list, tuple):
+        items = [_portable(v, f"{where} (an element)" if t is set else f"{where}[{i}]", active)
+                 for i, v in enumerate(value)]
         return value if all(a is b for a, b in zip(items, value)) else t(items)
     pairs = [(_portable(k, f"{where} (a key)", active), _portable(v, f"{where}[{k!r}]", active))
              for k, v in value.items()]
@@ -180,12 +173,10 @@ def _is_course_checkpoint(path):
 def save_checkpoint(model, path, /, *, overwrite=False, **extra):
     """Save a plain or wrapped model (plus ``extra`` values such as ``epoch=3``) atomically. Explained in 02_wrapped_attributes.
 
-    The keys carry no ``module.`` prefix, so the file loads into a plain or a wrapped model alike. The file is
-    written to a temporary name and renamed, so a crash never leaves half a checkpoint. Overwriting: a checkpoint
-    that ``save_checkpoint`` wrote earlier at ``path`` is replaced; any other existing file (your own
-    ``torch.save`` file, notes, data) is left untouched and an error is raised, unless ``overwrite=True``.
-    ``extra`` values must be what ``load_checkpoint`` can read back (see the module's docstring); anything else is
-    refused before a byte is written. Returns ``path``.
+    The keys carry no ``module.`` prefix, so the file loads into a plain or a wrapped model alike. The module's
+    three promises hold: ``extra`` values that would not load back are refused before a byte is written; an existing
+    file that ``save_checkpoint`` did not write (your own ``torch.save`` file, notes, data) is left untouched and an
+    error is raised, unless ``overwrite=True``; a crash never leaves half a checkpoint. Returns ``path``.
     """
     _check_module(model, "save_checkpoint")
     flag(overwrite, "overwrite", "save_checkpoint")

@@ -53,14 +53,6 @@ def require_gpus(n):
     return [torch.device(f"cuda:{i}") for i in range(n)]
 
 
-def _gpus_here():
-    have = num_gpus()
-    if have == 0:
-        return tr("this machine has no CUDA GPU", "このマシンには CUDA の GPU がありません")
-    names = ", ".join(f"cuda:{i}" for i in range(have))
-    return tr(f"this machine has {have} CUDA GPU(s) ({names})", f"このマシンの CUDA の GPU は {have}枚（{names}）です")
-
-
 def _parse_device(device, what):
     """``device`` as a ``torch.device`` (ints: GPU numbers, ``-1`` the CPU), not yet checked to exist."""
     if isinstance(device, bool):
@@ -87,10 +79,14 @@ def check_device(device, what="device"):
         have = num_gpus()
         index = device.index if device.index is not None else (torch.cuda.current_device() if have else 0)
         if index >= have:
+            names = ", ".join(f"cuda:{i}" for i in range(have))
+            here = (tr(f"this machine has {have} CUDA GPU(s) ({names})",
+                       f"このマシンの CUDA の GPU は {have}枚（{names}）です") if have else
+                    tr("this machine has no CUDA GPU", "このマシンには CUDA の GPU がありません"))
             raise DeviceError(tr(
-                f"{what}=cuda:{index} does not exist: {_gpus_here()}. Use the devices from mparlib.try_all_gpus(), "
+                f"{what}=cuda:{index} does not exist: {here}. Use the devices from mparlib.try_all_gpus(), "
                 "or ['cpu'] * k to simulate k devices on the CPU.",
-                f"{what}=cuda:{index} は存在しません（{_gpus_here()}）。mparlib.try_all_gpus() が返すデバイスを使うか、"
+                f"{what}=cuda:{index} は存在しません（{here}）。mparlib.try_all_gpus() が返すデバイスを使うか、"
                 "['cpu'] * k で CPU 上に k 個のデバイスを模擬してください。"))
         return torch.device("cuda", index)
     if device.type != "cpu":

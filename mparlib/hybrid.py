@@ -6,7 +6,7 @@ import copy
 import torch
 from torch import nn
 
-from .checks import flag, positive_int
+from .checks import flag, is_int, positive_int
 from .devices import check_device, check_devices, try_gpu
 from .errors import ConfigError
 from .lang import tr
@@ -25,11 +25,11 @@ class HybridEmbeddingModel(nn.Module):
 
     def __init__(self, num_embeddings=1000, dim=10, out_features=None, device=None, sparse=False):
         super().__init__()
-        where = "HybridEmbeddingModel"
-        positive_int(num_embeddings, "num_embeddings", 1000, where), positive_int(dim, "dim", 10, where)
+        positive_int(num_embeddings, "num_embeddings", 1000, "HybridEmbeddingModel")
+        positive_int(dim, "dim", 10, "HybridEmbeddingModel")
         if out_features is not None:
-            positive_int(out_features, "out_features", 10, where)
-        flag(sparse, "sparse", where)
+            positive_int(out_features, "out_features", 10, "HybridEmbeddingModel")
+        flag(sparse, "sparse", "HybridEmbeddingModel")
         self.device = check_device(try_gpu() if device is None else device, "device")
         self.embedding = nn.Embedding(num_embeddings, dim, sparse=sparse)  # weight (num_embeddings, dim), on the CPU
         self.linear = nn.Linear(dim, out_features or dim).to(self.device)  # on self.device
@@ -123,11 +123,10 @@ class PipelineModel(nn.Module):
         n, k = len(net), len(devices)
         if split_at is None:
             split_at = [round(i * n / k) for i in range(1, k)]
-        elif isinstance(split_at, int) and not isinstance(split_at, bool):
+        elif is_int(split_at):
             split_at = [split_at]
         cuts = [0, *split_at, n] if isinstance(split_at, (list, tuple)) else []
-        if (len(cuts) != k + 1 or any(isinstance(c, bool) or not isinstance(c, int) for c in cuts)
-                or any(not (a < b) for a, b in zip(cuts, cuts[1:]))):
+        if len(cuts) != k + 1 or not all(map(is_int, cuts)) or any(a >= b for a, b in zip(cuts, cuts[1:])):
             raise ConfigError(tr(f"split_at={split_at!r} must hold {k - 1} increasing layer indices between 1 and "
                                  f"{n - 1} for {k} device(s) and a Sequential of {n} layers.",
                                  f"split_at={split_at!r} には、デバイス {k}個と {n}層の Sequential に合わせて、1 から "

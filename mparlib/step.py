@@ -63,9 +63,7 @@ def _threads_per_replica(k):
 
 
 class SimulatedDataParallel(nn.Module):
-    """``nn.DataParallel``'s forward over a device listed several times (``["cpu"] * 2``).
-
-    Explained in 05_multi_gpu_resnet.
+    """``nn.DataParallel``'s forward over a device listed several times (``["cpu"] * 2``). Explained in 05_multi_gpu_resnet.
 
     Each forward pass is ``mparlib.parallel.data_parallel(module, X, devices)``: replicate the module, split the
     batch, run the replicas in threads, gather the outputs on ``devices[0]``. Gradients of all replicas flow back
