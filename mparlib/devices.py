@@ -7,8 +7,8 @@ import platform
 
 import torch
 
-from .checks import positive_int
-from .errors import ConfigError, DeviceError
+from .checks import one_of, positive_int
+from .errors import DeviceError
 from .lang import tr
 
 PROFILES = ("smoke", "full")
@@ -147,11 +147,7 @@ def profile():
     """
     env = os.environ.get("MPARLIB_PROFILE", "").strip().lower()
     if env:
-        if env not in PROFILES:
-            raise ConfigError(tr(f"MPARLIB_PROFILE={env!r} is not a profile; use 'smoke' or 'full'.",
-                                 f"MPARLIB_PROFILE={env!r} はプロファイルではありません。'smoke' か 'full' を指定して"
-                                 "ください。"))
-        return env
+        return one_of(env, "MPARLIB_PROFILE", PROFILES)
     return "full" if num_gpus() > 0 else "smoke"
 
 
@@ -159,10 +155,8 @@ def profile_line():
     """One sentence saying which profile runs and how to change it (near the top of every notebook). Explained in 00_setup."""
     p = profile()
     other = "full" if p == "smoke" else "smoke"
-    return tr(
-        f"Course profile: {p}. To change it, set MPARLIB_PROFILE={other} before starting Jupyter.",
-        f"コースのプロファイル: {p}。変更するには Jupyter を起動する前に MPARLIB_PROFILE={other} を設定します。",
-    )
+    return tr(f"Course profile: {p}. To change it, set MPARLIB_PROFILE={other} before starting Jupyter.",
+              f"コースのプロファイル: {p}。変更するには Jupyter を起動する前に MPARLIB_PROFILE={other} を設定します。")
 
 
 def report():

@@ -54,9 +54,8 @@ def _naming_target(exc, path):
 def atomic_write_bytes(path, data):
     """Write ``data`` to ``path`` through a temporary file and an atomic rename. Explained in 02_wrapped_attributes.
 
-    Readers see either the old file or the new one, never a torn mix. On an error the temporary file is removed, the
-    old file (if any) is left as it was, and the error is raised again; an ``OSError`` then names ``path``, not the
-    temporary file.
+    On an error the temporary file is removed, the old file (if any) is left as it was, and the error is raised
+    again; an ``OSError`` then names ``path``, not the temporary file.
     """
     path = Path(path)
     tmp = path.parent / f".{path.name}.{_host()}.{os.getpid()}.{secrets.token_hex(4)}.tmp"

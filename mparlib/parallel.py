@@ -2,8 +2,7 @@
 
 ``torch.nn.parallel`` has ``replicate``, ``scatter``, ``parallel_apply`` and ``gather``, but they accept only GPUs.
 The versions here follow the same algebra on any list of devices, so ``["cpu"] * 4`` simulates four devices on a
-laptop and every step of the data flow can be watched. Explained in 03_primitives; the attribute-forwarding wrapper
-(:mod:`mparlib.wrapper`) is explained in 02_wrapped_attributes, checkpoints are in :mod:`mparlib.checkpoint`.
+laptop and every step of the data flow can be watched. Explained in 03_primitives.
 """
 import dataclasses
 import threading

@@ -1,6 +1,6 @@
 """``nn.DataParallel`` that also answers for the model it wraps: ``wrapper.name`` reaches ``wrapper.module.name``.
 
-Explained in 02_wrapped_attributes; checkpoints of wrapped models are in :mod:`mparlib.checkpoint`.
+Explained in 02_wrapped_attributes.
 """
 from torch import nn
 
