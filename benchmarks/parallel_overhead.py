@@ -53,14 +53,9 @@ def mlp():
 
 
 def resnet18():
-    try:
-        from mparlib.models import resnet18 as build
-        return build(HYPER["resnet18"]["classes"]), "mparlib.models.resnet18"
-    except ImportError:  # the course's model module is missing: fall back to d2l's (lazy layers: one dummy pass)
-        from d2l import torch as d2l
-        net = d2l.resnet18(HYPER["resnet18"]["classes"])
-        net(torch.zeros(1, *HYPER["resnet18"]["image"]))
-        return net, "d2l.resnet18"
+    from mparlib.models import resnet18 as build
+
+    return build(HYPER["resnet18"]["classes"]), "mparlib.models.resnet18"
 
 
 def step(net, x, y, devices):

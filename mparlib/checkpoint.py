@@ -16,6 +16,8 @@ Three promises, each checked when saving rather than discovered when loading:
 """
 import argparse
 import collections
+import dataclasses
+import io
 import pickle
 import re
 import sys
@@ -28,11 +30,11 @@ from torch import nn
 from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
 from torch.nn.parameter import is_lazy
 
+from .checks import flag
 from .devices import check_device
 from .errors import CheckpointError, CheckpointMismatchError, ConfigError
-from .files import _atomic_torch_save
+from .files import atomic_write_bytes
 from .lang import tr
-from .parallel import _check_initialised
 
 CHECKPOINT_FORMAT = "mparlib-checkpoint/1"
 _FAMILY = "mparlib-checkpoint/"
@@ -40,18 +42,13 @@ _ATOMS = (type(None), bool, int, float, complex, str, bytes, bytearray, torch.dt
           type(torch.strided))
 
 
-def _is_compiled(model):
-    """True for what ``torch.compile(module)`` returns (only possible once torch._dynamo has been imported)."""
-    eval_frame = sys.modules.get("torch._dynamo.eval_frame")
-    return eval_frame is not None and isinstance(model, eval_frame.OptimizedModule)
-
-
 def unwrap(model):
     """The plain module under ``DataParallel``, ``DistributedDataParallel`` or ``torch.compile``. Explained in 02_wrapped_attributes."""
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")  # torch.compile's wrapper exists once it is imported
     while True:
         if isinstance(model, (nn.DataParallel, nn.parallel.DistributedDataParallel)):
             model = model.module
-        elif _is_compiled(model):
+        elif eval_frame is not None and isinstance(model, eval_frame.OptimizedModule):
             model = model._orig_mod  # torch.compile's wrapper keeps the original module here
         else:
             return model
@@ -68,7 +65,15 @@ def state_dict_of(model):
     """The model's state dict without wrapper prefixes (no ``module.``, no ``_orig_mod.``). Explained in 02_wrapped_attributes."""
     _check_module(model, "state_dict_of")
     plain = unwrap(model)
-    _check_initialised(plain, action="save")
+    for name, t in [*plain.named_parameters(), *plain.named_buffers()]:
+        if is_lazy(t):  # a lazy layer before its first forward pass: there is no shape to save yet
+            raise ConfigError(tr(
+                f"Cannot save {type(plain).__name__}: '{name}' is an uninitialised lazy parameter (its shape is "
+                "decided by the first forward pass). Run one dummy forward first, e.g. net(torch.zeros(1, "
+                "*input_shape)) with the shape of one example, then save.",
+                f"{type(plain).__name__} を save できません。'{name}' はまだ初期化されていない遅延パラメータです"
+                "（形は最初の順伝播で決まります）。先にダミーの順伝播を 1回実行してください。例えば 1つの例の形で "
+                "net(torch.zeros(1, *input_shape)) を呼び、それから save します。"))
     return plain.state_dict()
 
 
@@ -81,15 +86,7 @@ def _as_path(path, what):
     return Path(path).expanduser()
 
 
-def _check_flag(value, name, what):
-    if not isinstance(value, bool):
-        raise ConfigError(tr(f"{what}: {name}={value!r}; use True or False.",
-                             f"{what}: {name}={value!r} です。True か False を指定してください。"))
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# What a checkpoint may hold
-# ----------------------------------------------------------------------------------------------------------------
+# ---- What a checkpoint may hold --------------------------------------------------------------------------------
 def _type_name(value):
     t = type(value)
     return t.__qualname__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
@@ -97,8 +94,6 @@ def _type_name(value):
 
 def _hint(value):
     """How to turn ``value`` into something that loads with ``weights_only=True``."""
-    import dataclasses
-
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return "dataclasses.asdict(value)"
     if isinstance(value, tuple) and hasattr(value, "_asdict"):
@@ -149,11 +144,9 @@ def _portable(value, where, active=()):
     if id(value) in active:
         _refuse(where, value, ("contains itself", "は自分自身を含んでいます"))
     active = (*active, id(value))
-    if t is set:
-        items = [_portable(v, f"{where} (an element)", active) for v in value]
-        return value if all(a is b for a, b in zip(items, value)) else set(items)
-    if t is list or t is tuple:
-        items = [_portable(v, f"{where}[{i}]", active) for i, v in enumerate(value)]
+    if t in (set, list, tuple):
+        items = [_portable(v, f"{where} (an element)" if t is set else f"{where}[{i}]", active)
+                 for i, v in enumerate(value)]
         return value if all(a is b for a, b in zip(items, value)) else t(items)
     pairs = [(_portable(k, f"{where} (a key)", active), _portable(v, f"{where}[{k!r}]", active))
              for k, v in value.items()]
@@ -165,9 +158,7 @@ def _portable(value, where, active=()):
     return new
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Saving
-# ----------------------------------------------------------------------------------------------------------------
+# ---- Saving ----------------------------------------------------------------------------------------------------
 def _is_course_checkpoint(path):
     """True for a file that ``save_checkpoint`` wrote (it carries the format marker)."""
     try:
@@ -182,15 +173,13 @@ def _is_course_checkpoint(path):
 def save_checkpoint(model, path, /, *, overwrite=False, **extra):
     """Save a plain or wrapped model (plus ``extra`` values such as ``epoch=3``) atomically. Explained in 02_wrapped_attributes.
 
-    The keys carry no ``module.`` prefix, so the file loads into a plain or a wrapped model alike. The file is
-    written to a temporary name and renamed, so a crash never leaves half a checkpoint. Overwriting: a checkpoint
-    that ``save_checkpoint`` wrote earlier at ``path`` is replaced; any other existing file (your own
-    ``torch.save`` file, notes, data) is left untouched and an error is raised, unless ``overwrite=True``.
-    ``extra`` values must be what ``load_checkpoint`` can read back (see the module's docstring); anything else is
-    refused before a byte is written. Returns ``path``.
+    The keys carry no ``module.`` prefix, so the file loads into a plain or a wrapped model alike. The module's
+    three promises hold: ``extra`` values that would not load back are refused before a byte is written; an existing
+    file that ``save_checkpoint`` did not write (your own ``torch.save`` file, notes, data) is left untouched and an
+    error is raised, unless ``overwrite=True``; a crash never leaves half a checkpoint. Returns ``path``.
     """
     _check_module(model, "save_checkpoint")
-    _check_flag(overwrite, "overwrite", "save_checkpoint")
+    flag(overwrite, "overwrite", "save_checkpoint")
     for key in ("model", "format"):
         if key in extra:
             raise ConfigError(tr(f"save_checkpoint: '{key}' is used by the checkpoint itself; name the extra value "
@@ -212,7 +201,9 @@ def save_checkpoint(model, path, /, *, overwrite=False, **extra):
     payload = {"format": CHECKPOINT_FORMAT, "model": _portable(state_dict_of(model), "model")}
     payload.update((key, _portable(value, key)) for key, value in extra.items())
     try:
-        _atomic_torch_save(payload, path)
+        serialised = io.BytesIO()
+        torch.save(payload, serialised)
+        atomic_write_bytes(path, serialised.getbuffer())  # a temporary file, then a rename
     except OSError as e:
         reason = e.strerror or str(e)
         raise CheckpointError(tr(
@@ -223,9 +214,7 @@ def save_checkpoint(model, path, /, *, overwrite=False, **extra):
     return path
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Loading
-# ----------------------------------------------------------------------------------------------------------------
+# ---- Loading ---------------------------------------------------------------------------------------------------
 def _unreadable(path, en, ja):
     return CheckpointError(tr(f"load_checkpoint: {path} {en} It was left unchanged. Pass a file written by "
                               "save_checkpoint or by torch.save(model.state_dict(), path).",
@@ -321,25 +310,8 @@ def _split_payload(path, payload):
         "model.load_state_dict(...) に渡してください。"))
 
 
-def load_checkpoint(model, path, strict=True, map_location="cpu"):
-    """Load a checkpoint into a plain or wrapped model and return the extra values saved with it. Explained in 02_wrapped_attributes.
-
-    Reads files from :func:`save_checkpoint` and also bare state dicts (``torch.save(model.state_dict(), path)``),
-    with or without the ``module.`` prefix that ``DataParallel`` adds. Every key must match: a missing or
-    unexpected key raises :class:`CheckpointMismatchError` listing them. With ``strict=False`` the matching keys are
-    loaded and the others are reported in a warning, never skipped silently; differing shapes are always an error.
-    A file that cannot be read (missing, a folder, empty, truncated, not a PyTorch file, or holding arbitrary
-    Python objects) raises :class:`CheckpointError` naming it; the model is then left as it was.
-    """
-    _check_module(model, "load_checkpoint")
-    _check_flag(strict, "strict", "load_checkpoint")
-    if isinstance(map_location, (str, int, torch.device)) and not isinstance(map_location, bool):
-        map_location = check_device(map_location, "map_location")
-    elif not (map_location is None or isinstance(map_location, dict) or callable(map_location)):
-        raise ConfigError(tr(f"load_checkpoint: map_location={map_location!r}; use a device such as 'cpu' or "
-                             "'cuda:0' (or a dict or function, as torch.load accepts).",
-                             f"load_checkpoint: map_location={map_location!r} は使えません。'cpu' や 'cuda:0' の"
-                             "ようなデバイス（または torch.load と同じく辞書か関数）を指定してください。"))
+def _checkpoint_file(path):
+    """``path`` as a ``Path`` to an existing file, or a clear error for a folder or a missing file."""
     path = _as_path(path, "load_checkpoint")
     if path.is_dir():
         inside = sorted(p.name for p in path.glob("*.pt"))[:3]
@@ -357,8 +329,11 @@ def load_checkpoint(model, path, strict=True, map_location="cpu"):
                                  "first with save_checkpoint(model, path).",
                                  f"load_checkpoint: {path} にファイルがありません{where}。名前を確かめるか、先に "
                                  "save_checkpoint(model, path) で保存してください。"))
-    state, extra = _split_payload(path, _read(path, map_location))
-    plain = unwrap(model)
+    return path
+
+
+def _check_keys(path, plain, state, strict):
+    """Refuse a state dict that does not fit ``plain`` (with ``strict=False``: warn about the keys that differ)."""
     expected = plain.state_dict()
     for prefix in ("module.", "_orig_mod."):  # left by wrappers; strip them unless the model itself uses them
         while state and all(k.startswith(prefix) for k in state) and not all(k.startswith(prefix) for k in expected):
@@ -379,6 +354,31 @@ def load_checkpoint(model, path, strict=True, map_location="cpu"):
     if missing or unexpected:
         warnings.warn(tr("load_checkpoint(strict=False) loaded the matching keys only:\n  ",
                          "load_checkpoint(strict=False) は一致するキーだけを読み込みました:\n  ")
-                      + _describe(missing, unexpected, []), stacklevel=2)
+                      + _describe(missing, unexpected, []), stacklevel=3)
+
+
+def load_checkpoint(model, path, strict=True, map_location="cpu"):
+    """Load a checkpoint into a plain or wrapped model and return the extra values saved with it. Explained in 02_wrapped_attributes.
+
+    Reads files from :func:`save_checkpoint` and also bare state dicts (``torch.save(model.state_dict(), path)``),
+    with or without the ``module.`` prefix that ``DataParallel`` adds. Every key must match: a missing or
+    unexpected key raises :class:`CheckpointMismatchError` listing them. With ``strict=False`` the matching keys are
+    loaded and the others are reported in a warning, never skipped silently; differing shapes are always an error.
+    A file that cannot be read (missing, a folder, empty, truncated, not a PyTorch file, or holding arbitrary
+    Python objects) raises :class:`CheckpointError` naming it; the model is then left as it was.
+    """
+    _check_module(model, "load_checkpoint")
+    flag(strict, "strict", "load_checkpoint")
+    if isinstance(map_location, (str, int, torch.device)) and not isinstance(map_location, bool):
+        map_location = check_device(map_location, "map_location")
+    elif not (map_location is None or isinstance(map_location, dict) or callable(map_location)):
+        raise ConfigError(tr(f"load_checkpoint: map_location={map_location!r}; use a device such as 'cpu' or "
+                             "'cuda:0' (or a dict or function, as torch.load accepts).",
+                             f"load_checkpoint: map_location={map_location!r} は使えません。'cpu' や 'cuda:0' の"
+                             "ようなデバイス（または torch.load と同じく辞書か関数）を指定してください。"))
+    path = _checkpoint_file(path)
+    state, extra = _split_payload(path, _read(path, map_location))
+    plain = unwrap(model)
+    _check_keys(path, plain, state, strict)
     plain.load_state_dict(state, strict=strict)
     return extra

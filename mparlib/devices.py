@@ -7,7 +7,8 @@ import platform
 
 import torch
 
-from .errors import ConfigError, DeviceError
+from .checks import one_of, positive_int
+from .errors import DeviceError
 from .lang import tr
 
 PROFILES = ("smoke", "full")
@@ -24,9 +25,7 @@ def try_gpu(i=0):
     This is a convenience with a silent fallback. When a chapter *needs* ``i + 1`` GPUs, use
     :func:`require_gpus`, which says so instead of quietly running on the CPU.
     """
-    if num_gpus() >= i + 1:
-        return torch.device(f"cuda:{i}")
-    return torch.device("cpu")
+    return torch.device(f"cuda:{i}") if num_gpus() >= i + 1 else torch.device("cpu")
 
 
 def try_all_gpus():
@@ -41,9 +40,7 @@ def try_all_gpus():
 
 def require_gpus(n):
     """Return the first ``n`` GPUs, or raise a clear error if the machine has fewer. Explained in 05_multi_gpu_resnet."""
-    if not (isinstance(n, int) and not isinstance(n, bool) and n >= 1):
-        raise ConfigError(tr(f"require_gpus({n!r}): ask for a positive number of GPUs, such as 2.",
-                             f"require_gpus({n!r}): GPU の枚数は 2 のような正の整数で指定してください。"))
+    n = positive_int(n, "n", 2, "require_gpus")
     have = num_gpus()
     if n > have:
         fix_en = (f"Ask for at most {have}, or pass" if have else "Run it on a machine with GPUs, or pass")
@@ -54,14 +51,6 @@ def require_gpus(n):
             f"GPU が {n}枚必要ですが、PyTorch から見える GPU は {have}枚です。{fix_ja}devices=mparlib.try_all_gpus() で"
             "使えるデバイス（GPU がなければ CPU）を使ってください。"))
     return [torch.device(f"cuda:{i}") for i in range(n)]
-
-
-def _gpus_here():
-    have = num_gpus()
-    if have == 0:
-        return tr("this machine has no CUDA GPU", "このマシンには CUDA の GPU がありません")
-    names = ", ".join(f"cuda:{i}" for i in range(have))
-    return tr(f"this machine has {have} CUDA GPU(s) ({names})", f"このマシンの CUDA の GPU は {have}枚（{names}）です")
 
 
 def _parse_device(device, what):
@@ -90,10 +79,14 @@ def check_device(device, what="device"):
         have = num_gpus()
         index = device.index if device.index is not None else (torch.cuda.current_device() if have else 0)
         if index >= have:
+            names = ", ".join(f"cuda:{i}" for i in range(have))
+            here = (tr(f"this machine has {have} CUDA GPU(s) ({names})",
+                       f"このマシンの CUDA の GPU は {have}枚（{names}）です") if have else
+                    tr("this machine has no CUDA GPU", "このマシンには CUDA の GPU がありません"))
             raise DeviceError(tr(
-                f"{what}=cuda:{index} does not exist: {_gpus_here()}. Use the devices from mparlib.try_all_gpus(), "
+                f"{what}=cuda:{index} does not exist: {here}. Use the devices from mparlib.try_all_gpus(), "
                 "or ['cpu'] * k to simulate k devices on the CPU.",
-                f"{what}=cuda:{index} は存在しません（{_gpus_here()}）。mparlib.try_all_gpus() が返すデバイスを使うか、"
+                f"{what}=cuda:{index} は存在しません（{here}）。mparlib.try_all_gpus() が返すデバイスを使うか、"
                 "['cpu'] * k で CPU 上に k 個のデバイスを模擬してください。"))
         return torch.device("cuda", index)
     if device.type != "cpu":
@@ -131,7 +124,8 @@ def check_devices(devices, what="devices", *, mixed=False):
             "Pass mparlib.try_all_gpus(), which falls back to [cpu].",
             f"{what} が空です（GPU のないマシンでは d2l.try_all_gpus() が [] を返します）。"
             "CPU だけのときは [cpu] を返す mparlib.try_all_gpus() を渡してください。"))
-    parsed = [_parse_device(d, what) for d in items]
+    names = [f"{what}[{i}]" if mixed else what for i in range(len(items))]  # mixed: each device has its own role
+    parsed = [_parse_device(d, name) for d, name in zip(items, names)]
     kinds = {d.type for d in parsed}
     if len(kinds) > 1 and not mixed:
         shown = ", ".join(str(d) for d in parsed)
@@ -142,7 +136,7 @@ def check_devices(devices, what="devices", *, mixed=False):
             f"Expected a non cpu device, but got: cpu（PyTorch のメッセージ）。リスト [{shown}] には種類の違うデバイスが"
             "混ざっています。データ並列に使うデバイスは 1種類にそろえます。すべて GPU（mparlib.try_all_gpus()）にするか、"
             "CPU を k 回並べて（['cpu'] * k）k 個のデバイスを模擬してください。"))
-    return [check_device(d, f"{what}[{i}]" if mixed else what) for i, d in enumerate(parsed)]
+    return [check_device(d, name) for d, name in zip(parsed, names)]
 
 
 def profile():
@@ -153,11 +147,7 @@ def profile():
     """
     env = os.environ.get("MPARLIB_PROFILE", "").strip().lower()
     if env:
-        if env not in PROFILES:
-            raise ConfigError(tr(f"MPARLIB_PROFILE={env!r} is not a profile; use 'smoke' or 'full'.",
-                                 f"MPARLIB_PROFILE={env!r} はプロファイルではありません。'smoke' か 'full' を指定して"
-                                 "ください。"))
-        return env
+        return one_of(env, "MPARLIB_PROFILE", PROFILES)
     return "full" if num_gpus() > 0 else "smoke"
 
 
@@ -165,10 +155,8 @@ def profile_line():
     """One sentence saying which profile runs and how to change it (near the top of every notebook). Explained in 00_setup."""
     p = profile()
     other = "full" if p == "smoke" else "smoke"
-    return tr(
-        f"Course profile: {p}. To change it, set MPARLIB_PROFILE={other} before starting Jupyter.",
-        f"コースのプロファイル: {p}。変更するには Jupyter を起動する前に MPARLIB_PROFILE={other} を設定します。",
-    )
+    return tr(f"Course profile: {p}. To change it, set MPARLIB_PROFILE={other} before starting Jupyter.",
+              f"コースのプロファイル: {p}。変更するには Jupyter を起動する前に MPARLIB_PROFILE={other} を設定します。")
 
 
 def report():

@@ -36,10 +36,7 @@ class CheckpointError(MparlibError, ValueError):
 
 
 class CheckpointMismatchError(CheckpointError, RuntimeError):
-    """A checkpoint's keys or shapes differ from the model's; ``missing``, ``unexpected``, ``shapes`` say how.
-
-    Explained in 02_wrapped_attributes.
-    """
+    """A checkpoint that does not fit the model: ``missing``, ``unexpected``, ``shapes`` say how. Explained in 02_wrapped_attributes."""
 
     def __init__(self, message, missing=(), unexpected=(), shapes=()):
         super().__init__(message)

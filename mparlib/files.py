@@ -18,43 +18,30 @@ def _host():
     return re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname()) or "host"
 
 
-def _temporary_pattern(path):
-    return re.compile(rf"^\.{re.escape(path.name)}\.(?P<host>[A-Za-z0-9-]+)\.(?P<pid>\d+)\.[0-9a-f]+\.tmp$")
-
-
 def _alive(pid):
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:  # a process of another user: alive
-        return True
+        pass
     return True
 
 
-def _stale_temporaries(path):
-    """Temporary files of ``path`` whose writer on this host has exited (killed mid-write, say).
-
-    Files of live writers, of other hosts (a shared network folder) and of any other name are never listed.
-    """
-    path = Path(path)
-    pattern, host = _temporary_pattern(path), _host()
-    try:
-        names = os.listdir(path.parent)
-    except OSError:
-        return []
-    stale = []
-    for name in names:
-        m = pattern.match(name)
-        if m and m["host"] == host and int(m["pid"]) != os.getpid() and not _alive(int(m["pid"])):
-            stale.append(path.parent / name)
-    return sorted(stale)
-
-
 def _remove_stale(path):
-    for tmp in _stale_temporaries(path):
-        with contextlib.suppress(FileNotFoundError):  # another writer may have removed it first
-            tmp.unlink()
+    """Remove the temporary files of ``path`` whose writer on this host has exited (killed mid-write, say).
+
+    Files of live writers, of other hosts (a shared network folder) and of any other name are never touched.
+    """
+    pattern = re.compile(rf"^\.{re.escape(path.name)}\.(?P<host>[A-Za-z0-9-]+)\.(?P<pid>\d+)\.[0-9a-f]+\.tmp$")
+    try:
+        names, host = os.listdir(path.parent), _host()
+    except OSError:  # a folder that may be written but not listed: nothing to clean
+        return
+    for m in filter(None, map(pattern.match, names)):
+        if m["host"] == host and int(m["pid"]) != os.getpid() and not _alive(int(m["pid"])):
+            with contextlib.suppress(FileNotFoundError):  # another writer may have removed it first
+                (path.parent / m[0]).unlink()
 
 
 def _naming_target(exc, path):
@@ -64,9 +51,8 @@ def _naming_target(exc, path):
     return exc
 
 
-@contextlib.contextmanager
-def _atomic_open(path):
-    """Open a binary file that replaces ``path`` only when the ``with`` block ends without an error.
+def atomic_write_bytes(path, data):
+    """Write ``data`` to ``path`` through a temporary file and an atomic rename. Explained in 02_wrapped_attributes.
 
     On an error the temporary file is removed, the old file (if any) is left as it was, and the error is raised
     again; an ``OSError`` then names ``path``, not the temporary file.
@@ -82,7 +68,7 @@ def _atomic_open(path):
         raise _naming_target(e, path) from e
     try:
         with os.fdopen(fd, "wb") as f:
-            yield f
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -99,20 +85,3 @@ def _atomic_open(path):
             os.fsync(dir_fd)
         finally:
             os.close(dir_fd)
-
-
-def atomic_write_bytes(path, data):
-    """Write ``data`` to ``path`` through a temporary file and an atomic rename. Explained in 02_wrapped_attributes.
-
-    Readers see either the old file or the new one, never a torn mix; on error the old file is untouched.
-    """
-    with _atomic_open(path) as f:
-        f.write(data)
-
-
-def _atomic_torch_save(obj, path):
-    """``torch.save`` that is atomic: write to a temporary file, then rename."""
-    import torch
-
-    with _atomic_open(path) as f:
-        torch.save(obj, f)

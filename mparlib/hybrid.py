@@ -6,25 +6,10 @@ import copy
 import torch
 from torch import nn
 
-from .devices import check_device, try_gpu
+from .checks import flag, is_int, positive_int
+from .devices import check_device, check_devices, try_gpu
 from .errors import ConfigError
 from .lang import tr
-
-
-def _check_count(name, value, what):
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ConfigError(tr(f"{what}: {name} must be a positive int, got {value!r}.",
-                             f"{what}: {name} には正の整数を指定してください。渡されたのは {value!r} です。"))
-
-
-def _device_list(devices, what):
-    """A list of devices, one per stage; a single device (or a string, which is not a list) is refused."""
-    if isinstance(devices, (str, int, torch.device)) or not hasattr(devices, "__iter__"):
-        raise ConfigError(tr(f"{what}: devices must be a list with one device per stage, such as ['cuda:0', "
-                             f"'cuda:1'] or ['cpu', 'cpu'], got {devices!r}.",
-                             f"{what}: devices にはステージごとに 1つのデバイスを並べたリスト（['cuda:0', 'cuda:1'] や "
-                             f"['cpu', 'cpu']）を渡してください。渡されたのは {devices!r} です。"))
-    return list(devices)
 
 
 class HybridEmbeddingModel(nn.Module):
@@ -40,12 +25,11 @@ class HybridEmbeddingModel(nn.Module):
 
     def __init__(self, num_embeddings=1000, dim=10, out_features=None, device=None, sparse=False):
         super().__init__()
-        for name, value in (("num_embeddings", num_embeddings), ("dim", dim), ("out_features", out_features)):
-            if value is not None or name != "out_features":
-                _check_count(name, value, "HybridEmbeddingModel")
-        if not isinstance(sparse, bool):
-            raise ConfigError(tr(f"HybridEmbeddingModel: sparse={sparse!r}; use True or False.",
-                                 f"HybridEmbeddingModel: sparse={sparse!r} です。True か False を指定してください。"))
+        positive_int(num_embeddings, "num_embeddings", 1000, "HybridEmbeddingModel")
+        positive_int(dim, "dim", 10, "HybridEmbeddingModel")
+        if out_features is not None:
+            positive_int(out_features, "out_features", 10, "HybridEmbeddingModel")
+        flag(sparse, "sparse", "HybridEmbeddingModel")
         self.device = check_device(try_gpu() if device is None else device, "device")
         self.embedding = nn.Embedding(num_embeddings, dim, sparse=sparse)  # weight (num_embeddings, dim), on the CPU
         self.linear = nn.Linear(dim, out_features or dim).to(self.device)  # on self.device
@@ -80,8 +64,8 @@ def pipeline_schedule(num_stages, micro_batches):
     (a GPipe-style forward). Within a tick the last stage is issued first, so each device's queue gets work
     as early as possible. ``num_stages + micro_batches - 1`` ticks in all.
     """
-    for name, value in (("num_stages", num_stages), ("micro_batches", micro_batches)):
-        _check_count(name, value, "pipeline_schedule")
+    positive_int(num_stages, "num_stages", 2, "pipeline_schedule")
+    positive_int(micro_batches, "micro_batches", 4, "pipeline_schedule")
     return [(t, s, t - s) for t in range(num_stages + micro_batches - 1)
             for s in reversed(range(num_stages)) if 0 <= t - s < micro_batches]
 
@@ -106,7 +90,7 @@ class PipelineModel(nn.Module):
                                  "PipelineModel: stages にはデバイスごとに 1つのモジュールを並べたリストを渡して"
                                  f"ください。渡されたのは {type(stages).__name__} です。1ステージなら [module] と"
                                  "書きます。"))
-        stages, devices = list(stages), _device_list(devices, "PipelineModel")
+        stages, devices = list(stages), check_devices(devices, mixed=True)
         if not stages or len(stages) != len(devices):
             raise ConfigError(tr(f"Give one device per stage: got {len(stages)} stage(s) and {len(devices)} "
                                  "device(s), e.g. devices=['cuda:0', 'cuda:1'] or ['cpu', 'cpu'].",
@@ -117,10 +101,9 @@ class PipelineModel(nn.Module):
                 raise ConfigError(tr(f"PipelineModel: stages[{i}] is a {type(stage).__name__}, not an nn.Module.",
                                      f"PipelineModel: stages[{i}] は {type(stage).__name__} で、nn.Module では"
                                      "ありません。"))
-        _check_count("micro_batches", micro_batches, "PipelineModel")
-        self.devices = [check_device(d, f"devices[{i}]") for i, d in enumerate(devices)]
+        self.micro_batches = positive_int(micro_batches, "micro_batches", 4, "PipelineModel")
+        self.devices = devices
         self.stages = nn.ModuleList(stage.to(d) for stage, d in zip(stages, self.devices))
-        self.micro_batches = micro_batches
 
     @classmethod
     def from_sequential(cls, net, devices, split_at=None, micro_batches=1):
@@ -136,15 +119,14 @@ class PipelineModel(nn.Module):
                                  f"from_sequential が切り分けるのは nn.Sequential です。渡されたのは "
                                  f"{type(net).__name__} です。ステージを自分で作り、PipelineModel(stages, devices) "
                                  "に渡してください。"))
-        devices = _device_list(devices, "from_sequential")
+        devices = check_devices(devices, mixed=True)
         n, k = len(net), len(devices)
         if split_at is None:
             split_at = [round(i * n / k) for i in range(1, k)]
-        elif isinstance(split_at, int) and not isinstance(split_at, bool):
+        elif is_int(split_at):
             split_at = [split_at]
         cuts = [0, *split_at, n] if isinstance(split_at, (list, tuple)) else []
-        if (len(cuts) != k + 1 or any(isinstance(c, bool) or not isinstance(c, int) for c in cuts)
-                or any(not (a < b) for a, b in zip(cuts, cuts[1:]))):
+        if len(cuts) != k + 1 or not all(map(is_int, cuts)) or any(a >= b for a, b in zip(cuts, cuts[1:])):
             raise ConfigError(tr(f"split_at={split_at!r} must hold {k - 1} increasing layer indices between 1 and "
                                  f"{n - 1} for {k} device(s) and a Sequential of {n} layers.",
                                  f"split_at={split_at!r} には、デバイス {k}個と {n}層の Sequential に合わせて、1 から "

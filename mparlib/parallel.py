@@ -2,8 +2,7 @@
 
 ``torch.nn.parallel`` has ``replicate``, ``scatter``, ``parallel_apply`` and ``gather``, but they accept only GPUs.
 The versions here follow the same algebra on any list of devices, so ``["cpu"] * 4`` simulates four devices on a
-laptop and every step of the data flow can be watched. Explained in 03_primitives; the attribute-forwarding wrapper
-(:mod:`mparlib.wrapper`) is explained in 02_wrapped_attributes, checkpoints are in :mod:`mparlib.checkpoint`.
+laptop and every step of the data flow can be watched. Explained in 03_primitives.
 """
 import dataclasses
 import threading
@@ -14,6 +13,7 @@ import torch
 from torch import nn
 from torch.nn.parameter import is_lazy
 
+from .checks import is_int
 from .devices import check_device, check_devices
 from .errors import ConfigError, DeviceError
 from .lang import tr
@@ -22,22 +22,17 @@ __all__ = ["replicate", "scatter", "scatter_kwargs", "parallel_apply", "gather",
 
 
 # ---- Checks shared by the primitives ---------------------------------------------------------------------------
-def _check_initialised(module, action="replicate"):
-    """Lazy layers (``nn.LazyLinear`` ...) have no shape until one forward pass: refuse to copy them."""
-    for name, t in list(module.named_parameters()) + list(module.named_buffers()):
+def _check_copyable(module, device):
+    """Refuse lazy layers (no shape before one forward pass) and, PyTorch's rule, a module not on ``devices[0]``."""
+    for name, t in [*module.named_parameters(), *module.named_buffers()]:
         if is_lazy(t):
             raise ConfigError(tr(
-                f"Cannot {action} {type(module).__name__}: '{name}' is an uninitialised lazy parameter (its shape "
-                f"is decided by the first forward pass). Run one dummy forward first, e.g. "
-                f"net(torch.zeros(1, *input_shape)) with the shape of one example, then {action}.",
-                f"{type(module).__name__} を {action} できません。'{name}' はまだ初期化されていない遅延パラメータです"
+                f"Cannot replicate {type(module).__name__}: '{name}' is an uninitialised lazy parameter (its shape "
+                "is decided by the first forward pass). Run one dummy forward first, e.g. "
+                "net(torch.zeros(1, *input_shape)) with the shape of one example, then replicate.",
+                f"{type(module).__name__} を replicate できません。'{name}' はまだ初期化されていない遅延パラメータです"
                 "（形は最初の順伝播で決まります）。先にダミーの順伝播を 1回実行してください。例えば 1つの例の形で "
-                f"net(torch.zeros(1, *input_shape)) を呼び、それから {action} します。"))
-
-
-def _check_on(module, device):
-    """PyTorch's rule: the module to copy lives on ``devices[0]``; say where it is instead."""
-    for name, t in list(module.named_parameters()) + list(module.named_buffers()):
+                "net(torch.zeros(1, *input_shape)) を呼び、それから replicate します。"))
         if t.device != device:
             raise DeviceError(tr(
                 f"module must have its parameters and buffers on device {device} (devices[0]) but found "
@@ -53,7 +48,7 @@ def _check_module(module, what):
 
 
 def _check_dim(dim, what):
-    if isinstance(dim, bool) or not isinstance(dim, int):
+    if not is_int(dim):
         raise ConfigError(tr(f"{what}: dim={dim!r} must be an int, the dimension to split along (the batch is 0).",
                              f"{what}: dim={dim!r} には分割する次元を int で指定してください（バッチは 0 です）。"))
 
@@ -75,18 +70,6 @@ def _check_list(value, name, what, kind=(list, tuple)):
                              f"{what}: {name} には{ja}を渡してください。渡されたのは {type(value).__name__} です。"))
 
 
-def _first_tensor(obj):
-    """The first tensor inside a nest of tuples, lists and dicts, or None."""
-    if isinstance(obj, torch.Tensor):
-        return obj
-    items = obj.values() if isinstance(obj, dict) else obj if isinstance(obj, (list, tuple)) else ()
-    for item in items:
-        t = _first_tensor(item)
-        if t is not None:
-            return t
-    return None
-
-
 # ---- replicate -------------------------------------------------------------------------------------------------
 def replicate(module, devices):
     """One copy of ``module`` per device; gradients of all copies flow back into the original. Explained in 03_primitives.
@@ -104,10 +87,13 @@ def replicate(module, devices):
     The module must already live on ``devices[0]``. Unlike PyTorch, replica 0 gets copies of the parameters too
     (PyTorch's share storage with the original); values and gradients are the same, the memory is not.
     """
+    return _replicate(module, check_devices(devices))
+
+
+def _replicate(module, devices):
+    """:func:`replicate` on a list that :func:`check_devices` accepted."""
     _check_module(module, "replicate")
-    devices = check_devices(devices)
-    _check_initialised(module)
-    _check_on(module, devices[0])
+    _check_copyable(module, devices[0])
     originals = list(module.modules())  # each submodule once, even if it is used twice
     replicas = []
     for j, device in enumerate(devices):
@@ -140,19 +126,20 @@ def _is_dataclass_instance(obj):
     return dataclasses.is_dataclass(obj) and not isinstance(obj, type)
 
 
+def _init_fields(obj):
+    """The names of a dataclass instance's ``__init__`` fields: what scatter and gather rebuild it from."""
+    return [f.name for f in dataclasses.fields(obj) if f.init]
+
+
 def _tensors_in(obj):
     """Every tensor that scatter would split, in order."""
     if isinstance(obj, torch.Tensor):
         yield obj
     elif _is_dataclass_instance(obj):
-        for f in dataclasses.fields(obj):
-            if f.init:
-                yield from _tensors_in(getattr(obj, f.name))
-    elif isinstance(obj, dict):
-        for v in obj.values():
-            yield from _tensors_in(v)
-    elif isinstance(obj, (list, tuple)):
-        for v in obj:
+        for k in _init_fields(obj):
+            yield from _tensors_in(getattr(obj, k))
+    elif isinstance(obj, (dict, list, tuple)):
+        for v in obj.values() if isinstance(obj, dict) else obj:
             yield from _tensors_in(v)
 
 
@@ -165,7 +152,11 @@ def scatter(inputs, devices, dim=0):
     Every tensor must have the same size along ``dim`` (it is the batch). The moves are differentiable.
     Returns a list with one object per used device.
     """
-    devices = check_devices(devices)
+    return _scatter(inputs, check_devices(devices), dim)
+
+
+def _scatter(inputs, devices, dim):
+    """:func:`scatter` on a list that :func:`check_devices` accepted."""
     _check_dim(dim, "scatter")
     tensors = list(_tensors_in(inputs))
     for t in tensors:
@@ -194,8 +185,8 @@ def scatter(inputs, devices, dim=0):
             return [type(obj)(parts) for parts in zip(*map(split, obj))]
         if isinstance(obj, dict) and obj:
             return [type(obj)(zip(obj.keys(), parts)) for parts in zip(*map(split, obj.values()))]
-        if _is_dataclass_instance(obj) and any(f.init for f in dataclasses.fields(obj)):
-            names = [f.name for f in dataclasses.fields(obj) if f.init]
+        if _is_dataclass_instance(obj) and _init_fields(obj):
+            names = _init_fields(obj)
             return [dataclasses.replace(obj, **dict(zip(names, parts)))
                     for parts in zip(*(split(getattr(obj, k)) for k in names))]
         return [obj] * n
@@ -210,7 +201,7 @@ def scatter_kwargs(inputs, kwargs, devices, dim=0):
     """
     inputs = tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
     _check_list(kwargs, "kwargs", "scatter_kwargs", dict)
-    pairs = scatter((inputs, dict(kwargs or {})), devices, dim)
+    pairs = _scatter((inputs, dict(kwargs or {})), check_devices(devices), dim)
     return tuple(p[0] for p in pairs), tuple(p[1] for p in pairs)
 
 
@@ -245,26 +236,27 @@ def parallel_apply(modules, inputs, kwargs_tup=None, devices=None):
                 "(data_parallel keeps only replicas[:len(inputs)]).",
                 f"parallel_apply にモジュールが {n}個、{name} が {len(items)}個渡されました。モジュールごとに 1つずつ"
                 "渡してください（data_parallel は replicas[:len(inputs)] だけを使います）。"))
-    kwargs_tup = [{}] * n if kwargs_tup is None else list(kwargs_tup)
     devices = [None] * n if devices is None else [check_device(d) if d is not None else None for d in devices]
     for i, d in enumerate(devices):
         if d is None:  # where does replica i run? where its input or its weights are
-            t = _first_tensor(inputs[i])
+            t = next(_tensors_in(inputs[i]), None)
             if t is None and isinstance(modules[i], nn.Module):
                 t = next(modules[i].parameters(), None)
             devices[i] = t.device if t is not None else torch.device("cpu")
+    return _apply(modules, inputs, [{}] * n if kwargs_tup is None else list(kwargs_tup), devices)
 
+
+def _apply(modules, inputs, kwargs_tup, devices):
+    """:func:`parallel_apply` on lists of one entry per module, ``devices`` as checked ``torch.device`` objects."""
     grad, inference = torch.is_grad_enabled(), torch.is_inference_mode_enabled()
     autocast = {kind: torch.get_autocast_dtype(kind) for kind in {"cpu", "cuda", *(d.type for d in devices)}
                 if torch.is_autocast_enabled(kind)}
     cache = torch.is_autocast_cache_enabled()
     streams = [torch.cuda.current_stream(d) if d.type == "cuda" else None for d in devices]
-    results = [None] * n
+    results = [None] * len(modules)
 
     def work(i):
-        module, args, kwargs, device = modules[i], inputs[i], kwargs_tup[i], devices[i]
-        if not isinstance(args, (list, tuple)):
-            args = (args,)  # a single tensor is one argument, not a sequence of rows
+        args = inputs[i] if isinstance(inputs[i], (list, tuple)) else (inputs[i],)  # one tensor: one argument
         try:
             with ExitStack() as stack:
                 if inference:
@@ -272,17 +264,17 @@ def parallel_apply(modules, inputs, kwargs_tup=None, devices=None):
                 stack.enter_context(torch.set_grad_enabled(grad))
                 for kind, dtype in autocast.items():
                     stack.enter_context(torch.autocast(kind, dtype=dtype, cache_enabled=cache))
-                if device.type == "cuda":
-                    stack.enter_context(torch.cuda.device(device))
+                if devices[i].type == "cuda":
+                    stack.enter_context(torch.cuda.device(devices[i]))
                     stack.enter_context(torch.cuda.stream(streams[i]))
-                results[i] = ("ok", module(*args, **kwargs))
+                results[i] = ("ok", modules[i](*args, **kwargs_tup[i]))
         except BaseException as exc:  # noqa: B036 - handed to the caller, never swallowed
             results[i] = ("error", exc)
 
-    if n == 1:
+    if len(modules) == 1:
         work(0)
     else:
-        threads = [threading.Thread(target=work, args=(i,), name=f"replica-{i}") for i in range(n)]
+        threads = [threading.Thread(target=work, args=(i,), name=f"replica-{i}") for i in range(len(modules))]
         for t in threads:
             t.start()
         for t in threads:
@@ -301,68 +293,79 @@ def gather(outputs, target_device, dim=0):
     a per-replica loss) become a vector with one entry per replica, as in PyTorch. ``None`` stays ``None``; other
     values must be equal on every replica and are returned once.
     """
-    target = check_device(target_device, what="target_device")
+    return _gather(outputs, check_device(target_device, what="target_device"), dim)
+
+
+def _gather(outputs, target, dim):
+    """:func:`gather` to a checked ``torch.device``."""
     _check_dim(dim, "gather")
     _check_list(outputs, "outputs", "gather")
     if not outputs:
         raise ConfigError(tr("gather got no outputs; pass the list that parallel_apply returned.",
                              "gather に出力が 1つも渡されていません。parallel_apply が返したリストを渡してください。"))
+    return _merge(list(outputs), "output", target, dim)
 
-    def uneven(where, en, ja):  # the replicas returned outputs that do not fit together
-        return ConfigError(tr(f"gather: {where} {en}.", f"gather: {where} {ja}。"))
 
-    def merge(items, where):
-        first = items[0]
+def _uneven(where, en, ja):
+    """The replicas returned outputs that do not fit together."""
+    return ConfigError(tr(f"gather: {where} {en}.", f"gather: {where} {ja}。"))
+
+
+def _concatenate(items, where, target, dim):
+    """One tensor per replica -> one tensor on ``target``, concatenated along ``dim``."""
+    if not all(isinstance(x, torch.Tensor) for x in items):
         kinds = sorted({type(x).__name__ for x in items})
-        if isinstance(first, torch.Tensor):
-            if not all(isinstance(x, torch.Tensor) for x in items):
-                raise uneven(where, f"is a tensor on some replicas and not on others: {kinds}",
-                             f"がテンソルのレプリカとそうでないレプリカがあります: {kinds}")
-            if all(t.dim() == 0 for t in items) and dim == 0:
-                warnings.warn(tr("gather: all replicas returned scalars; returning a vector with one entry per "
-                                 "replica.", "gather: すべてのレプリカがスカラーを返したので、レプリカごとに 1つの"
-                                 "要素を持つベクトルを返します。"), stacklevel=3)
-                items = [t.reshape(1) for t in items]
-            for t in items:
-                _check_dim_fits(dim, t, "gather", where, f" {where} ")
-            if len({t.shape[:dim % t.dim()] + t.shape[dim % t.dim() + 1:] for t in items}) > 1:
-                shapes = ", ".join(str(tuple(t.shape)) for t in items)
-                raise ConfigError(tr(f"gather concatenates along dim {dim}, so {where} must have the same shape in "
-                                     f"every other dimension on every replica; got {shapes}.",
-                                     f"gather は次元 {dim} に沿って連結するので、{where} のほかの次元の大きさは"
-                                     f"すべてのレプリカでそろっている必要があります。渡された形は {shapes} です。"))
-            return torch.cat([t.to(target) for t in items], dim)
-        if first is None:
-            if any(x is not None for x in items):
-                raise uneven(where, "is None on some replicas and not on others",
-                             "が None のレプリカとそうでないレプリカがあります")
-            return None
-        if len(kinds) > 1:
-            raise uneven(where, f"has different types on different replicas: {kinds}",
-                         f"の型がレプリカによって違います: {kinds}")
-        if isinstance(first, dict):
-            if any(x.keys() != first.keys() for x in items):
-                keys = [sorted(map(str, x)) for x in items]
-                raise uneven(where, f"is a dict with different keys on different replicas: {keys}",
-                             f"は辞書ですが、キーがレプリカによって違います: {keys}")
-            return type(first)((k, merge([x[k] for x in items], f"{where}[{k!r}]")) for k in first)
-        if isinstance(first, (tuple, list)):
-            if len({len(x) for x in items}) > 1:
-                raise uneven(where, "has different lengths on different replicas", "の長さがレプリカによって違います")
-            parts = [merge(list(col), f"{where}[{i}]") for i, col in enumerate(zip(*items))]
-            return type(first)(*parts) if _is_namedtuple(first) else type(first)(parts)
-        if _is_dataclass_instance(first):
-            names = [f.name for f in dataclasses.fields(first) if f.init]
-            return dataclasses.replace(first, **{k: merge([getattr(x, k) for x in items], f"{where}.{k}")
-                                                 for k in names})
-        if all(x == first for x in items[1:]):
-            return first
-        raise ConfigError(tr(f"gather cannot combine {where} = {items!r}: only tensors are concatenated; other "
-                             "values must be equal on every replica. Return a tensor instead.",
-                             f"gather は {where} = {items!r} をまとめられません。連結できるのはテンソルだけで、"
-                             "ほかの値はすべてのレプリカで等しい必要があります。テンソルを返してください。"))
+        raise _uneven(where, f"is a tensor on some replicas and not on others: {kinds}",
+                      f"がテンソルのレプリカとそうでないレプリカがあります: {kinds}")
+    if all(t.dim() == 0 for t in items) and dim == 0:
+        warnings.warn(tr("gather: all replicas returned scalars; returning a vector with one entry per replica.",
+                         "gather: すべてのレプリカがスカラーを返したので、レプリカごとに 1つの要素を持つベクトルを"
+                         "返します。"), stacklevel=5)
+        items = [t.reshape(1) for t in items]
+    for t in items:
+        _check_dim_fits(dim, t, "gather", where, f" {where} ")
+    if len({t.shape[:dim % t.dim()] + t.shape[dim % t.dim() + 1:] for t in items}) > 1:
+        shapes = ", ".join(str(tuple(t.shape)) for t in items)
+        raise ConfigError(tr(f"gather concatenates along dim {dim}, so {where} must have the same shape in every "
+                             f"other dimension on every replica; got {shapes}.",
+                             f"gather は次元 {dim} に沿って連結するので、{where} のほかの次元の大きさはすべての"
+                             f"レプリカでそろっている必要があります。渡された形は {shapes} です。"))
+    return torch.cat([t.to(target) for t in items], dim)
 
-    return merge(list(outputs), "output")
+
+def _merge(items, where, target, dim):
+    """The replicas' values at one place (``where``) of the output, merged into one."""
+    first, kinds = items[0], sorted({type(x).__name__ for x in items})
+    if isinstance(first, torch.Tensor):
+        return _concatenate(items, where, target, dim)
+    if first is None:
+        if any(x is not None for x in items):
+            raise _uneven(where, "is None on some replicas and not on others",
+                          "が None のレプリカとそうでないレプリカがあります")
+        return None
+    if len(kinds) > 1:
+        raise _uneven(where, f"has different types on different replicas: {kinds}",
+                      f"の型がレプリカによって違います: {kinds}")
+    if isinstance(first, dict):
+        if any(x.keys() != first.keys() for x in items):
+            keys = [sorted(map(str, x)) for x in items]
+            raise _uneven(where, f"is a dict with different keys on different replicas: {keys}",
+                          f"は辞書ですが、キーがレプリカによって違います: {keys}")
+        return type(first)((k, _merge([x[k] for x in items], f"{where}[{k!r}]", target, dim)) for k in first)
+    if isinstance(first, (tuple, list)):
+        if len({len(x) for x in items}) > 1:
+            raise _uneven(where, "has different lengths on different replicas", "の長さがレプリカによって違います")
+        parts = [_merge(list(col), f"{where}[{i}]", target, dim) for i, col in enumerate(zip(*items))]
+        return type(first)(*parts) if _is_namedtuple(first) else type(first)(parts)
+    if _is_dataclass_instance(first):
+        return dataclasses.replace(first, **{k: _merge([getattr(x, k) for x in items], f"{where}.{k}", target, dim)
+                                             for k in _init_fields(first)})
+    if all(x == first for x in items[1:]):
+        return first
+    raise ConfigError(tr(f"gather cannot combine {where} = {items!r}: only tensors are concatenated; other values "
+                         "must be equal on every replica. Return a tensor instead.",
+                         f"gather は {where} = {items!r} をまとめられません。連結できるのはテンソルだけで、ほかの値は"
+                         "すべてのレプリカで等しい必要があります。テンソルを返してください。"))
 
 
 # ---- data_parallel ---------------------------------------------------------------------------------------------
@@ -370,7 +373,8 @@ def data_parallel(module, inputs, device_ids, output_device=None, dim=0, module_
     """``module(*inputs)`` computed by replicas on ``device_ids``, composed from the four primitives. Explained in 03_primitives.
 
     ``inputs`` is one argument or a tuple of positional arguments. With empty ``device_ids`` the module is simply
-    called. The result lands on ``output_device`` (default ``device_ids[0]``).
+    called. The result lands on ``output_device`` (default ``device_ids[0]``). The device list is checked once
+    here; the four steps then run on the checked list.
     """
     if device_ids is None:
         raise ConfigError(tr("data_parallel: device_ids=None; pass a list of devices (mparlib.try_all_gpus(), or "
@@ -386,11 +390,9 @@ def data_parallel(module, inputs, device_ids, output_device=None, dim=0, module_
     devices = check_devices(device_ids, what="device_ids")
     output_device = devices[0] if output_device is None else check_device(output_device, what="output_device")
 
-    replicas = replicate(module, devices)
-    if inputs or module_kwargs:
-        inputs, kwargs = scatter_kwargs(inputs, module_kwargs, devices, dim)
-    else:  # nothing to split: run one replica
-        inputs, kwargs = ((),), ({},)
-    replicas = replicas[:len(inputs)]  # a batch smaller than the device count uses fewer replicas
-    outputs = parallel_apply(replicas, inputs, kwargs, devices[:len(inputs)])
-    return gather(outputs, output_device, dim)
+    replicas = _replicate(module, devices)
+    # one (args, kwargs) pair per used device; nothing to split: run one replica
+    pairs = _scatter((inputs, module_kwargs), devices, dim) if inputs or module_kwargs else [((), {})]
+    n = len(pairs)  # a batch smaller than the device count uses fewer replicas
+    outputs = _apply(replicas[:n], [p[0] for p in pairs], [p[1] for p in pairs], devices[:n])
+    return _gather(outputs, output_device, dim)

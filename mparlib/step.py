@@ -13,6 +13,7 @@ from typing import Callable
 import torch
 from torch import nn
 
+from .devices import check_devices
 from .lang import tr
 from .parallel import data_parallel
 
@@ -50,7 +51,7 @@ def train_step(net, X, y, loss_fn, optimizer, autocast=contextlib.nullcontext):
 def _threads_per_replica(k):
     """Give each of ``k`` replica threads its share of the CPU threads while they run, then restore the count."""
     before = torch.get_num_threads()
-    share = max(1, before // k)
+    share = max(1, before // max(k, 1))
     if share == before:
         yield
         return
@@ -62,25 +63,23 @@ def _threads_per_replica(k):
 
 
 class SimulatedDataParallel(nn.Module):
-    """``nn.DataParallel``'s forward over a device listed several times (``["cpu"] * 2``).
-
-    Explained in 05_multi_gpu_resnet.
+    """``nn.DataParallel``'s forward over a device listed several times (``["cpu"] * 2``). Explained in 05_multi_gpu_resnet.
 
     Each forward pass is ``mparlib.parallel.data_parallel(module, X, devices)``: replicate the module, split the
     batch, run the replicas in threads, gather the outputs on ``devices[0]``. Gradients of all replicas flow back
     into ``module``'s parameters, so the optimiser steps the one model. As with ``nn.DataParallel``, batch norm in
     training mode normalises each replica's part of the batch with that part's statistics, and the running
-    statistics are updated from replica 0's part only.
+    statistics are updated from replica 0's part only. ``devices`` is checked here, when the wrapper is built.
     """
 
     def __init__(self, module, devices):
         super().__init__()
         self.module = module
-        self.devices = list(devices)
+        self.devices = check_devices(devices)
+        self._cpu_replicas = sum(d.type == "cpu" for d in self.devices)  # they share the CPU threads
 
     def forward(self, *inputs, **kwargs):
-        cpus = sum(torch.device(d).type == "cpu" for d in self.devices)
-        with _threads_per_replica(cpus) if cpus > 1 else contextlib.nullcontext():
+        with _threads_per_replica(self._cpu_replicas):
             return data_parallel(self.module, inputs, self.devices, module_kwargs=kwargs)
 
 

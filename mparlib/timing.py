@@ -1,8 +1,10 @@
 """Timing that tells the truth on GPUs: a synchronising stopwatch and a measured matmul peak. Explained in 00_setup."""
+import itertools
 import time
 
 import torch
 
+from .checks import positive_int
 from .devices import check_device
 from .errors import ConfigError
 from .lang import tr
@@ -10,7 +12,11 @@ from .lang import tr
 
 def synchronize(device=None):
     """Wait for queued GPU work so a clock reading includes it (no-op without CUDA). Explained in 00_setup."""
-    device = None if device is None else check_device(device, "device")
+    _wait(None if device is None else check_device(device, "device"))
+
+
+def _wait(device):
+    """:func:`synchronize` on ``None`` (every GPU) or a checked ``torch.device``."""
     if torch.cuda.is_available() and (device is None or device.type == "cuda"):
         torch.cuda.synchronize(device)
 
@@ -22,10 +28,7 @@ def matmul_tflops(device, dtype=torch.float32, n=4096, repeats=10):
     ceiling that the performance chapter and its benchmark compare a training step against.
     """
     device = check_device(device, "device")
-    for name, value in (("n", n), ("repeats", repeats)):
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise ConfigError(tr(f"matmul_tflops: {name}={value!r} must be a positive int.",
-                                 f"matmul_tflops: {name}={value!r} には正の整数を指定してください。"))
+    n, repeats = positive_int(n, "n", 4096, "matmul_tflops"), positive_int(repeats, "repeats", 10, "matmul_tflops")
     if not (isinstance(dtype, torch.dtype) and (dtype.is_floating_point or dtype.is_complex)):
         raise ConfigError(tr(f"matmul_tflops: dtype={dtype!r}; use a floating-point torch dtype such as "
                              "torch.float32 or torch.bfloat16.",
@@ -35,10 +38,10 @@ def matmul_tflops(device, dtype=torch.float32, n=4096, repeats=10):
     torch.mm(a, b)
     best = float("inf")
     for _ in range(repeats):
-        synchronize(device)
+        _wait(device)
         t = time.perf_counter()
         torch.mm(a, b)
-        synchronize(device)
+        _wait(device)
         best = min(best, time.perf_counter() - t)
     return 2 * n ** 3 / best / 1e12
 
@@ -47,7 +50,8 @@ class Timer:
     """A stopwatch that synchronises CUDA before each reading. Explained in 00_setup.
 
     GPU kernels run asynchronously: without a synchronise, ``time.perf_counter()`` measures how long it took
-    to *queue* work, not to do it. d2l's ``Timer`` reads the clock directly; this one waits first.
+    to *queue* work, not to do it. d2l's ``Timer`` reads the clock directly; this one waits first. ``device`` is
+    checked once, when the timer is made.
     """
 
     def __init__(self, device=None):
@@ -57,7 +61,7 @@ class Timer:
 
     def start(self):
         """Start (or restart) the stopwatch."""
-        synchronize(self.device)
+        _wait(self.device)
         self._start = time.perf_counter()
 
     def stop(self):
@@ -67,7 +71,7 @@ class Timer:
                                  "`with timer:`).",
                                  "Timer.start() より前に Timer.stop() が呼ばれました。先に計測を始めるか、"
                                  "`with timer:` を使ってください。"))
-        synchronize(self.device)
+        _wait(self.device)
         self.times.append(time.perf_counter() - self._start)
         self._start = None
         return self.times[-1]
@@ -94,8 +98,4 @@ class Timer:
 
     def cumsum(self):
         """Running totals of the laps."""
-        out, total = [], 0.0
-        for t in self.times:
-            total += t
-            out.append(total)
-        return out
+        return list(itertools.accumulate(self.times))

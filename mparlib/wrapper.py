@@ -1,6 +1,6 @@
 """``nn.DataParallel`` that also answers for the model it wraps: ``wrapper.name`` reaches ``wrapper.module.name``.
 
-Explained in 02_wrapped_attributes; checkpoints of wrapped models are in :mod:`mparlib.checkpoint`.
+Explained in 02_wrapped_attributes.
 """
 from torch import nn
 
@@ -23,10 +23,8 @@ class AttrDataParallel(nn.DataParallel):
     Assignments (``wrapper.name = value``) stay on the wrapper; to change the model, assign to
     ``wrapper.module.name``.
 
-    Why the one-line ``def __getattr__(self, name): return getattr(self.module, name)`` recurses forever:
-    ``nn.Module`` keeps submodules in the table ``self._modules``, not as ordinary attributes, so ``self.module``
-    is itself found only through ``__getattr__``, which evaluates ``self.module`` again, and again...
-    Asking ``nn.Module.__getattr__`` first (``super().__getattr__(name)``) is what looks in that table.
+    The one-line ``def __getattr__(self, name): return getattr(self.module, name)`` recurses forever, because
+    ``self.module`` is itself found only through ``__getattr__`` (chapter 02); ``super().__getattr__`` comes first.
 
     On a machine without a GPU, ``nn.DataParallel.__init__`` stops early and never sets ``dim``, ``output_device``
     and ``src_device_obj``; step 1 would then miss them and ``wrapper.dim`` would return the wrapped module's

@@ -48,7 +48,7 @@ def test_profile_can_be_overridden_and_rejects_typos(monkeypatch):
     monkeypatch.setenv("MPARLIB_PROFILE", "FULL")
     assert devices.profile() == "full"
     monkeypatch.setenv("MPARLIB_PROFILE", "fast")
-    with pytest.raises(ValueError, match="use 'smoke' or 'full'"):
+    with pytest.raises(ValueError, match="MPARLIB_PROFILE='fast': use one of 'smoke', 'full'"):
         devices.profile()
 
 

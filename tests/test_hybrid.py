@@ -304,20 +304,22 @@ def test_hybrid_moved_whole_to_gpu_still_runs_but_loses_the_split():
 
 
 @pytest.mark.parametrize("call, error, match", [
-    (lambda: PipelineModel.from_sequential(mlp(), "cpu"), ConfigError, "devices must be a list"),
+    (lambda: PipelineModel.from_sequential(mlp(), "cpu"), DeviceError, "devices must be a list of devices"),
     (lambda: PipelineModel.from_sequential(mlp(), ["cpu", "cpu"], split_at=4.5), ConfigError, "split_at=4.5"),
     (lambda: PipelineModel.from_sequential(mlp(), ["cpu", "cpu"], split_at=[True]), ConfigError, "split_at"),
     (lambda: PipelineModel(nn.Linear(2, 2), ["cpu"]), ConfigError, "for one stage write \\[module\\]"),
     (lambda: PipelineModel([nn.Linear(2, 2), "relu"], ["cpu", "cpu"]), ConfigError, "stages\\[1\\] is a str"),
-    (lambda: PipelineModel([nn.Linear(2, 2)], torch.device("cpu")), ConfigError, "devices must be a list"),
+    (lambda: PipelineModel([nn.Linear(2, 2)], torch.device("cpu")), DeviceError, "devices must be a list of devices"),
+    (lambda: PipelineModel([nn.Linear(2, 2)], 0), DeviceError, "not the single device 0"),
+    (lambda: PipelineModel([nn.Linear(2, 2)], []), DeviceError, "devices is empty"),
     (lambda: PipelineModel([nn.Linear(2, 2)], ["cpu"], micro_batches=True), ConfigError, "micro_batches"),
     (lambda: PipelineModel([nn.Linear(2, 2)], ["tpu"]), DeviceError, "devices\\[0\\]='tpu' is not a device"),
     (lambda: PipelineModel([nn.Linear(2, 2)], ["cpu"])([1.0, 2.0]), ConfigError, "batch tensor"),
     (lambda: PipelineModel([nn.Linear(2, 2)], ["cpu"])(torch.tensor(1.0)), ConfigError, "a 0-d tensor"),
-    (lambda: HybridEmbeddingModel(num_embeddings=True), ConfigError, "num_embeddings must be a positive int"),
+    (lambda: HybridEmbeddingModel(num_embeddings=True), ConfigError, "num_embeddings=True: use a positive int"),
     (lambda: HybridEmbeddingModel(device="cpu", sparse="yes"), ConfigError, "sparse='yes'"),
     (lambda: HybridEmbeddingModel(device="tpu"), DeviceError, "not a device"),
-    (lambda: pipeline_schedule(True, 2), ConfigError, "num_stages must be a positive int"),
+    (lambda: pipeline_schedule(True, 2), ConfigError, "num_stages=True: use a positive int"),
 ])
 def test_more_bad_arguments_are_refused_with_the_course_errors(call, error, match):
     with pytest.raises(error, match=match):

@@ -55,12 +55,30 @@ def test_timer_stop_without_start_is_a_clear_error():
 
 
 def test_timer_synchronises_cuda_before_reading_the_clock(monkeypatch):
+    import torch
+
     calls = []
-    monkeypatch.setattr("mparlib.timing.synchronize", lambda device=None: calls.append(device))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: calls.append(device))
     with Timer():
         pass
-    assert len(calls) == 2
+    assert calls == [None, None]  # before start and before stop, on every GPU
+    with Timer("cpu"):
+        pass
+    assert calls == [None, None]  # a timer of the CPU has nothing to wait for
 
+
+def test_timer_checks_its_device_once_when_it_is_made(monkeypatch):
+    import mparlib.timing
+
+    checked = []
+    real = mparlib.timing.check_device
+    monkeypatch.setattr(mparlib.timing, "check_device", lambda device, what: checked.append(device) or real(device, what))
+    timer = Timer("cpu")
+    for _ in range(3):
+        with timer:
+            pass
+    assert checked == ["cpu"] and len(timer.times) == 3
 
 
 def test_matmul_tflops_is_a_positive_measured_rate():

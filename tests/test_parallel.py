@@ -557,6 +557,37 @@ def test_a_single_device_instead_of_a_list_is_explained():
         data_parallel(nn.Linear(2, 2), torch.randn(4, 2), "cpu")
 
 
+def test_data_parallel_checks_its_device_list_once_and_the_steps_do_not_check_again(monkeypatch):
+    import mparlib.parallel
+
+    seen = []
+
+    def counted(name):
+        real = getattr(mparlib.parallel, name)
+        return lambda *args, **kwargs: seen.append(name) or real(*args, **kwargs)
+
+    for name in ("check_devices", "check_device"):
+        monkeypatch.setattr(mparlib.parallel, name, counted(name))
+    data_parallel(nn.Linear(2, 2), torch.randn(5, 2), simulated(3))
+    assert seen == ["check_devices"]
+    seen.clear()
+    replicate(nn.Linear(2, 2), simulated(2))
+    scatter(torch.randn(4, 2), simulated(2))
+    gather([torch.zeros(1)], "cpu")
+    assert seen == ["check_devices", "check_devices", "check_device"]  # each primitive called directly checks
+
+
+def test_simulated_data_parallel_checks_its_devices_when_it_is_built():
+    from mparlib.step import SimulatedDataParallel
+
+    with pytest.raises(DeviceError, match="devices='tpu' is not a device"):
+        SimulatedDataParallel(nn.Linear(2, 2), ["cpu", "tpu"])
+    with pytest.raises(DeviceError, match="must be a list of devices"):
+        SimulatedDataParallel(nn.Linear(2, 2), "cpu")
+    sim = SimulatedDataParallel(nn.Linear(2, 2), simulated(2))
+    assert sim.devices == [CPU, CPU] and sim(torch.randn(4, 2)).shape == (4, 2)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # AttrDataParallel
 # ---------------------------------------------------------------------------------------------------------------
