@@ -29,7 +29,8 @@ def schedule_class(name):
     """The ``torch.distributed.pipelining`` schedule called ``"gpipe"`` or ``"1f1b"``. Explained in 10_model_parallel."""
     from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe  # 2 s to import: only when a pipeline runs
 
-    return {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[one_of(name, "schedule", ("gpipe", "1f1b"), "schedule_class")]
+    schedules = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
+    return schedules[one_of(name, "schedule", tuple(schedules), "schedule_class")]
 
 
 def bubble_formula(num_stages, micro_batches):
