@@ -13,7 +13,9 @@ Method: float32 messages from 4 KiB to 256 MiB (sizes x4 apart) on 2 and 4 ranks
 process per GPU with nccl where the machine has a GPU for each. Per size and method: `warmup` untimed calls, then
 `repeats` timed calls; the ranks meet at a barrier before each call, the clock is read after CUDA has finished, and a
 call's time is the slowest rank's (mparlib.collectives.time_collective); the median is reported. Algorithm
-bandwidth = bytes / time; bus bandwidth = algorithm bandwidth x 2(k-1)/k (the nccl-tests convention).
+bandwidth = bytes / time; bus bandwidth = algorithm bandwidth x 2(k-1)/k (the nccl-tests convention). The ring
+keeps its receive buffers for the whole run (mparlib.collectives.bandwidth_worker holds them, as the backend holds
+its own): a fresh buffer per call would add first-touch page faults to every receive.
 
     python benchmarks/collectives.py            # the measurement (about a minute on 2 idle cores)
     python benchmarks/collectives.py --quick    # a short check: 4 sizes up to 16 MiB, 3 repeats
@@ -34,7 +36,8 @@ from mparlib import collectives  # noqa: E402
 from mparlib.devices import num_gpus  # noqa: E402
 import record  # noqa: E402  (benchmarks/record.py: machine, software, commit, saving)
 from mparlib.errors import MparlibError  # noqa: E402
-from mparlib.launch import choose_backend, launch  # noqa: E402
+from mparlib.launch import launch  # noqa: E402
+from mparlib.rendezvous import choose_backend  # noqa: E402
 
 KiB, MiB = 1024, 1024 ** 2
 HYPER = {

@@ -11,7 +11,7 @@ than ranks, and records the load average at the start.
 
 Hardware and software: recorded in the JSON (CPU count, GPUs, torch version, git commit).
 
-Method: `mparlib.pipeline.measure_bubble` in p processes (gloo on the CPU unless there is a GPU per rank; one
+Method: `mparlib.schedules.measure_bubble` in p processes (gloo on the CPU unless there is a GPU per rank; one
 thread per rank). Every stage is the same stack of `Linear(width, width)` and tanh (`uniform_stage`), so a forward
 or backward pass of one micro-batch is the same work on every rank; a micro-batch has `micro_batch_size` rows
 whatever m is. Each rank wraps its `PipelineStage` in `StageTimes`, which notes when `forward_one_chunk` and
@@ -35,10 +35,11 @@ from statistics import mean
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from mparlib import pipeline  # noqa: E402
+from mparlib import schedules  # noqa: E402
 from mparlib.devices import num_gpus  # noqa: E402
 import record  # noqa: E402  (benchmarks/record.py: machine, software, commit, saving)
-from mparlib.launch import choose_backend, launch  # noqa: E402
+from mparlib.launch import launch  # noqa: E402
+from mparlib.rendezvous import choose_backend  # noqa: E402
 
 HYPER = {
     "nprocs": [2, 4],
@@ -56,7 +57,7 @@ QUICK = {"width": 256, "layers": 2, "micro_batch_size": 16, "steps": 2}
 
 
 def rows_for(nproc, h):
-    result = launch(pipeline.measure_bubble, nproc, kwargs=dict(
+    result = launch(schedules.measure_bubble, nproc, kwargs=dict(
         schedules=tuple(h["schedules"]), micro_batches=tuple(h["micro_batches"]), width=h["width"], layers=h["layers"],
         micro_batch_size=h["micro_batch_size"], steps=h["steps"], warmup=h["warmup"]),
         threads=h["threads_per_rank"], echo=False, timeout=600)

@@ -3,9 +3,9 @@
 :func:`ring_all_reduce` sums a tensor over a process group with sends and receives alone, in the two phases that
 gloo and nccl use for large messages: a reduce-scatter, after which each rank holds the full sum of one chunk,
 then an all-gather that passes the finished chunks round the ring. :func:`ring_schedule` is the chunk arithmetic
-it follows, and the figures are drawn from that same schedule. :func:`time_collective`, :func:`bandwidth_worker`
-and :func:`fit_alpha_beta` measure what a collective costs and fit the latency-bandwidth model
-``t = alpha + n * beta`` to it. Explained in 08_collectives.
+it follows (the figures of :mod:`mparlib.diagrams` are drawn from it too). :func:`time_collective`,
+:func:`bandwidth_worker` and :func:`fit_alpha_beta` measure what a collective costs and fit the latency-bandwidth
+model ``t = alpha + n * beta`` to it. Explained in 08_collectives.
 """
 import statistics
 import time
@@ -14,15 +14,11 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from .checks import one_of, positive_int
 from .errors import ConfigError, LaunchError
 from .lang import tr
-
-PHASES = ("reduce-scatter", "all-gather")
-
-
-def _check_int(name, value, low):
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ConfigError(tr(f"{name}={value!r}: use an int >= {low}.", f"{name}={value!r}: {low} 以上の整数を指定してください。"))
+from .rendezvous import device as rank_device
+from .timing import synchronize
 
 
 def chunk_bounds(n, k):
@@ -31,15 +27,11 @@ def chunk_bounds(n, k):
     Sizes differ by at most one: the first ``n % k`` chunks are one element longer (as ``torch.tensor_split``
     cuts); with ``n < k`` some chunks are empty.
     """
-    _check_int("n", n, 0)
-    _check_int("k", k, 1)
+    positive_int(n, "n", 10, "chunk_bounds", minimum=0)
+    positive_int(k, "k", 4, "chunk_bounds")
     size, extra = divmod(n, k)
-    bounds, start = [], 0
-    for c in range(k):
-        stop = start + size + (1 if c < extra else 0)
-        bounds.append((start, stop))
-        start = stop
-    return bounds
+    starts = [c * size + min(c, extra) for c in range(k + 1)]  # the first `extra` chunks are one element longer
+    return list(zip(starts[:-1], starts[1:]))
 
 
 @dataclass(frozen=True)
@@ -93,6 +85,30 @@ def ring_contents(k):
     return states
 
 
+def collective_patterns(k):
+    """Where each collective puts whose data, for ``k`` ranks: ``{name: (before, after)}``. Explained in 08_collectives.
+
+    The root of ``broadcast`` and ``reduce`` is rank 0. ``before[r][j]`` and ``after[r][j]`` are the frozensets
+    of ``(rank, chunk)`` pieces summed into position ``j`` of rank ``r``'s tensor, or ``None`` where the collective
+    reads or writes nothing (or leaves it unspecified). Rank ``r``'s own data is ``(r, j)`` at position ``j``; in
+    ``all_gather`` each rank contributes one piece, ``(r, r)``, and ``reduce_scatter`` leaves rank ``r`` with
+    position ``r`` only. ``tests/test_collectives.py`` checks these patterns against torch.distributed.
+    """
+    positive_int(k, "k", 4, "collective_patterns")
+    ranks = range(k)
+    own = [[frozenset({(r, j)}) for j in ranks] for r in ranks]
+    total = [frozenset((q, j) for q in ranks) for j in ranks]  # position j summed over all ranks
+    diagonal = [[frozenset({(r, r)}) if j == r else None for j in ranks] for r in ranks]
+    return {
+        "broadcast": (own, [list(own[0]) for _ in ranks]),
+        "reduce": (own, [list(total) if r == 0 else [None] * k for r in ranks]),
+        "all_reduce": (own, [list(total) for _ in ranks]),
+        "reduce_scatter": (own, [[total[r] if j == r else None for j in ranks] for r in ranks]),
+        "all_gather": (diagonal, [[frozenset({(j, j)}) for j in ranks] for _ in ranks]),
+        "all_to_all": (own, [[frozenset({(j, r)}) for j in ranks] for r in ranks]),
+    }
+
+
 def _ring_ranks(group):
     if not dist.is_available() or not dist.is_initialized():
         raise LaunchError(tr("ring_all_reduce needs a process group, and this process has none: run it inside a worker "
@@ -111,46 +127,51 @@ def _ring_ranks(group):
 
 
 PIECE_BYTES = 4 * 2**20  # a chunk larger than this travels as several messages, all posted in the same step
-_RECEIVE_BUFFERS = {}  # (device, dtype) -> 1-D tensor, grown when a larger chunk comes
 
 
-def _receive_buffer(numel, dtype, device):
-    """A buffer of at least ``numel`` elements for received chunks, kept between calls.
+def _receive_buffer(numel, dtype, device, buffers):
+    """A 1-D buffer of at least ``numel`` elements for received chunks: the caller's ``buffers`` keep it, if given.
 
     Memory that was never touched costs a page fault for every page on its first write, which is what a receive
     into a fresh buffer does: with a new 32 MiB buffer per call, one 2-rank exchange of 32 MiB on the CPU took about
     twice as long (50-52 vs 25 ms). Libraries keep their communication buffers for the same reason.
     """
-    key = (torch.device(device), dtype)
-    buffer = _RECEIVE_BUFFERS.get(key)
-    if buffer is None or buffer.numel() < numel:
-        buffer = _RECEIVE_BUFFERS[key] = torch.empty(numel, dtype=dtype, device=device)
-    return buffer
+    if buffers is None:  # allocated for this call, freed after it
+        return torch.empty(numel, dtype=dtype, device=device)
+    key = (device, dtype)
+    if key not in buffers or buffers[key].numel() < numel:  # grown when a larger chunk comes
+        buffers[key] = torch.empty(numel, dtype=dtype, device=device)
+    return buffers[key]
 
 
 def _pieces(start, stop, size):
-    """``[start, stop)`` cut into consecutive ranges of at most ``size`` elements (one range if it is shorter)."""
-    if stop - start <= size:
-        return [(start, stop)]
-    return [(a, min(a + size, stop)) for a in range(start, stop, size)]
+    """``[start, stop)`` cut into consecutive ranges of at most ``size`` elements (one, maybe empty, if shorter)."""
+    return [(a, min(a + size, stop)) for a in range(start, stop, size)] or [(start, stop)]
 
 
-def ring_all_reduce(tensor, group=None):
+def ring_all_reduce(tensor, group=None, *, buffers=None, piece_bytes=PIECE_BYTES):
     """Sum ``tensor`` over the group in place with sends and receives only; return it. Explained in 08_collectives.
 
     The same contract as ``dist.all_reduce(tensor)`` with the default SUM: every rank calls it with a tensor of the
-    same shape and dtype on its own device (``mparlib.launch.device()``), and afterwards every rank holds the sum.
+    same shape and dtype on its own device (``mparlib.rendezvous.device()``), and afterwards every rank holds the sum.
     ``2(k-1)`` steps for ``k`` ranks (:func:`ring_schedule`); in each, every rank sends one chunk to its right
     neighbour while it receives one from its left, both posted together (``batch_isend_irecv``), so that no two
-    neighbours wait for each other. A chunk of more than ``PIECE_BYTES`` travels as several messages posted in
+    neighbours wait for each other. A chunk of more than ``piece_bytes`` travels as several messages posted in
     the same step (on a 2-core CPU with gloo, eight 4 MiB messages arrived in 14-17 ms where one of 32 MiB took
     22-25 ms). Every rank takes part in every step, with empty chunks when the tensor has fewer elements than there
     are ranks. Floating-point sums may differ from ``dist.all_reduce`` in the last bits: the additions happen in
-    another order.
+    another order. ``buffers``: a dict the caller keeps between calls, in which the receive buffer stays (one per
+    device and dtype); without it the buffer is allocated for the call and freed.
     """
     if not isinstance(tensor, torch.Tensor):
         raise ConfigError(tr(f"ring_all_reduce needs a torch.Tensor, not {type(tensor).__name__}.",
                              f"ring_all_reduce には torch.Tensor を渡してください（{type(tensor).__name__} ではなく）。"))
+    if buffers is not None and not isinstance(buffers, dict):
+        raise ConfigError(tr(f"ring_all_reduce: buffers={type(buffers).__name__}; pass a dict that you keep between "
+                             "calls (buffers={}), or None.",
+                             f"ring_all_reduce: buffers={type(buffers).__name__} です。呼び出しをまたいで持ち続ける"
+                             " dict（buffers={}）か None を渡してください。"))
+    piece_bytes = positive_int(piece_bytes, "piece_bytes", PIECE_BYTES, "ring_all_reduce")
     k, me, right, left = _ring_ranks(group)
     n = tensor.numel()
     if k == 1 or n == 0:
@@ -158,8 +179,8 @@ def ring_all_reduce(tensor, group=None):
     flat = tensor.view(-1) if tensor.is_contiguous() else tensor.contiguous().view(-1)  # (n,)
     schedule = ring_schedule(n, k)
     bounds = schedule[0].bounds
-    incoming = _receive_buffer(max(b - a for a, b in bounds), tensor.dtype, tensor.device)
-    piece = max(1, PIECE_BYTES // tensor.element_size())  # elements per message
+    incoming = _receive_buffer(max(b - a for a, b in bounds), tensor.dtype, tensor.device, buffers)  # (n / k,)
+    piece = max(1, piece_bytes // tensor.element_size())  # elements per message
     for step in schedule:
         (s0, s1), (r0, r1) = bounds[step.send[me]], bounds[step.recv[me]]
         # the left neighbour cuts the chunk it sends into the same pieces, so the messages pair up in order
@@ -176,9 +197,7 @@ def ring_all_reduce(tensor, group=None):
     return tensor
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# What communication costs: timing, bandwidth, and the alpha-beta model
-# ---------------------------------------------------------------------------------------------------------------
+# What communication costs: timing, bandwidth, and the alpha-beta model --------------------------------------------
 
 def bus_bandwidth(algorithm_bandwidth, k):
     """Bus bandwidth of an all-reduce: algorithm bandwidth x ``2(k-1)/k``. Explained in 08_collectives.
@@ -189,56 +208,49 @@ def bus_bandwidth(algorithm_bandwidth, k):
     return algorithm_bandwidth * 2 * (k - 1) / k
 
 
-def _synchronize(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def time_collective(fn, numel, dtype=torch.float32, repeats=5, warmup=1):
     """Seconds of ``repeats`` calls ``fn(tensor)`` on ``numel`` elements, slowest rank. Explained in 08_collectives.
 
     Run inside a worker: every rank calls it. The ranks meet at a barrier before each call, the clock is read
     after the device has finished (CUDA synchronised), and each call's time is the slowest rank's.
     """
-    from .launch import device as rank_device
-
-    _check_int("repeats", repeats, 1)
-    _check_int("warmup", warmup, 0)
+    positive_int(repeats, "repeats", 5, "time_collective")
+    positive_int(warmup, "warmup", 1, "time_collective", minimum=0)
     device = rank_device()
     x = torch.ones(numel, dtype=dtype, device=device)
     times = []
     for _ in range(warmup + repeats):
         x.fill_(1)
-        _synchronize(device)
+        synchronize(device)
         dist.barrier()
         start = time.perf_counter()
         fn(x)
-        _synchronize(device)
+        synchronize(device)
         times.append(time.perf_counter() - start)
     slowest = torch.tensor(times[warmup:], dtype=torch.float64, device=device)
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
     return slowest.tolist()
 
 
-METHODS = {"all_reduce": dist.all_reduce, "ring": ring_all_reduce}
+METHODS = ("all_reduce", "ring")
 
 
-def bandwidth_worker(sizes, methods=("all_reduce", "ring"), repeats=5, warmup=1):
+def bandwidth_worker(sizes, methods=METHODS, repeats=5, warmup=1):
     """Time all-reduces of float32 messages of ``sizes`` bytes: a row per method and size. Explained in 08_collectives.
 
-    ``methods``: ``"all_reduce"`` (the backend's own) and ``"ring"`` (:func:`ring_all_reduce`). Each row has the
-    median seconds over ``repeats``, the algorithm bandwidth (bytes / s) and the bus bandwidth (bytes / s).
+    ``methods``: ``"all_reduce"`` (the backend's own) and ``"ring"`` (:func:`ring_all_reduce`, its receive buffers
+    kept for the whole run, as a library keeps its own). Each row has the median seconds over ``repeats``, the
+    algorithm bandwidth (bytes / s) and the bus bandwidth (bytes / s).
     """
-    unknown = [m for m in methods if m not in METHODS]
-    if unknown:
-        raise ConfigError(tr(f"methods={unknown!r}: choose from {sorted(METHODS)}.",
-                             f"methods={unknown!r}: {sorted(METHODS)} から選んでください。"))
+    for method in methods:
+        one_of(method, "methods", METHODS, "bandwidth_worker")
+    buffers = {}
+    calls = {"all_reduce": dist.all_reduce, "ring": lambda x: ring_all_reduce(x, buffers=buffers)}
     k, rows = dist.get_world_size(), []
     for size in sizes:
-        _check_int("size", size, 4)
-        nbytes = size // 4 * 4  # whole float32 elements
+        nbytes = positive_int(size, "size", 4096, "bandwidth_worker", minimum=4) // 4 * 4  # whole float32 elements
         for method in methods:
-            times = time_collective(METHODS[method], nbytes // 4, repeats=repeats, warmup=warmup)
+            times = time_collective(calls[method], nbytes // 4, repeats=repeats, warmup=warmup)
             seconds = statistics.median(times)
             rows.append({"method": method, "bytes": nbytes, "seconds": seconds, "all_seconds": times,
                          "algbw": nbytes / seconds, "busbw": bus_bandwidth(nbytes / seconds, k), "world_size": k,
@@ -279,126 +291,3 @@ def fit_alpha_beta(nbytes, seconds):
 def predict_seconds(fit, nbytes):
     """The alpha-beta model's time for one message: ``alpha + nbytes * beta``. Explained in 08_collectives."""
     return fit["alpha"] + nbytes * fit["beta"]
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Figures: what each collective moves where, and the ring's steps
-# ---------------------------------------------------------------------------------------------------------------
-
-COLLECTIVES = ("broadcast", "reduce", "all_reduce", "reduce_scatter", "all_gather", "all_to_all")
-
-
-def collective_patterns(k):
-    """Where each collective puts whose data, for ``k`` ranks: ``{name: (before, after)}``. Explained in 08_collectives.
-
-    The root of ``broadcast`` and ``reduce`` is rank 0. ``before[r][j]`` and ``after[r][j]`` are the frozensets
-    of ``(rank, chunk)`` pieces summed into position ``j`` of rank ``r``'s tensor, or ``None`` where the collective
-    reads or writes nothing (or leaves it unspecified). Rank ``r``'s own data is ``(r, j)`` at position ``j``; in
-    ``all_gather`` each rank contributes one piece, ``(r, r)``, and ``reduce_scatter`` leaves rank ``r`` with
-    position ``r`` only. ``tests/test_collectives.py`` checks these patterns against torch.distributed.
-    """
-    _check_int("k", k, 1)
-    ranks = range(k)
-    own = [[frozenset({(r, j)}) for j in ranks] for r in ranks]
-    total = [frozenset((q, j) for q in ranks) for j in ranks]  # position j summed over all ranks
-    diagonal = [[frozenset({(r, r)}) if j == r else None for j in ranks] for r in ranks]
-    return {
-        "broadcast": (own, [list(own[0]) for _ in ranks]),
-        "reduce": (own, [list(total) if r == 0 else [None] * k for r in ranks]),
-        "all_reduce": (own, [list(total) for _ in ranks]),
-        "reduce_scatter": (own, [[total[r] if j == r else None for j in ranks] for r in ranks]),
-        "all_gather": (diagonal, [[frozenset({(j, j)}) for j in ranks] for _ in ranks]),
-        "all_to_all": (own, [[frozenset({(j, r)}) for j in ranks] for r in ranks]),
-    }
-
-
-_RANK_COLORS = ("#7fb3d5", "#f5b041", "#82e0aa", "#d7a1e8", "#f1948a", "#a3e4d7", "#f7dc6f", "#bfc9ca")
-
-
-def _cell(ax, x, y, pieces, k):
-    """One box of a tensor: coloured by whose data it holds, labelled ``r.j``, ``0+1.j`` or ``Σj``."""
-    from matplotlib.patches import Rectangle
-
-    if pieces is None:
-        ax.add_patch(Rectangle((x, y), 0.92, 0.8, fc="white", ec="0.75", lw=0.6, ls=":"))
-        return
-    sources, chunk = sorted({r for r, _ in pieces}), min(j for _, j in pieces)
-    color = _RANK_COLORS[sources[0] % len(_RANK_COLORS)] if len(sources) == 1 else "0.82"
-    ax.add_patch(Rectangle((x, y), 0.92, 0.8, fc=color, ec="0.35", lw=0.6))
-    who = "Σ" if len(sources) == k > 1 else "+".join(map(str, sources)) + "."
-    ax.text(x + 0.46, y + 0.4, f"{who}{chunk}", ha="center", va="center", fontsize=7)
-
-
-def collectives_figure(k=4):
-    """The six collectives on ``k`` ranks in one picture: whose data is where. Explained in 08_collectives."""
-    from matplotlib.figure import Figure
-
-    from .plot import course_style
-
-    patterns = collective_patterns(k)
-    with course_style():
-        fig = Figure(figsize=(11, 5.6))
-        axes = fig.subplots(2, 3)
-        for ax, name in zip(axes.flat, COLLECTIVES):
-            before, after = patterns[name]
-            for r in range(k):
-                y = k - 1 - r
-                ax.text(-0.2, y + 0.4, tr(f"rank {r}", f"ランク {r}"), ha="right", va="center", fontsize=8)
-                for j in range(k):
-                    _cell(ax, j, y, before[r][j], k)
-                    _cell(ax, k + 1.2 + j, y, after[r][j], k)
-            ax.annotate("", (k + 1.05, k / 2), (k + 0.1, k / 2), arrowprops=dict(arrowstyle="->", color="0.3"))
-            ax.text(k / 2, k + 0.15, tr("before", "前"), ha="center", fontsize=8)
-            ax.text(k + 1.2 + k / 2, k + 0.15, tr("after", "後"), ha="center", fontsize=8)
-            ax.set_title(f"dist.{name}", fontsize=10, family="monospace")
-            ax.set_xlim(-1.6, 2 * k + 1.3)
-            ax.set_ylim(-0.3, k + 0.7)
-            ax.axis("off")
-        fig.text(0.5, 0.01, tr("r.j = chunk j of rank r's data; Σj = chunk j summed over all ranks; "
-                               "dotted = not written (or left unspecified); root = rank 0",
-                               "r.j = ランク r のデータのチャンク j、Σj = 全ランクのチャンク j の和、点線 = 書き込まれない"
-                               "（または内容が決まらない）位置、ルート = ランク 0"), ha="center", fontsize=8)
-        fig.subplots_adjust(left=0.06, right=0.99, top=0.93, bottom=0.06, wspace=0.25, hspace=0.3)
-    return fig
-
-
-def ring_figure(k=4):
-    """The ring all-reduce on ``k`` ranks, step by step, drawn from :func:`ring_schedule`. Explained in 08_collectives.
-
-    A column per state (start, then after each step), a row per rank, a box per chunk, labelled with the ranks
-    summed into it; the chunk a rank received in that step is outlined in red.
-    """
-    from matplotlib.figure import Figure
-    from matplotlib.patches import Rectangle
-
-    from .plot import course_style
-
-    schedule, states = ring_schedule(k, k), ring_contents(k)
-    with course_style():
-        fig = Figure(figsize=(2.0 * len(states) + 0.8, 0.55 * k + 1.4))
-        ax = fig.add_axes([0.05, 0.02, 0.94, 0.86])
-        width = k + 1.0  # one column: k chunk boxes and a gap
-        for t, state in enumerate(states):
-            step = schedule[t - 1] if t else None
-            title = tr("start", "開始") if t == 0 else f"{step.phase} {t if t < k else t - k + 1}"
-            ax.text(t * width + k / 2, k + 0.25, title, ha="center", fontsize=8)
-            for r in range(k):
-                y = k - 1 - r
-                for c in range(k):
-                    ranks = state[r][c]
-                    shade = 0.15 + 0.85 * len(ranks) / k
-                    received = step is not None and step.recv[r] == c
-                    ax.add_patch(Rectangle((t * width + c, y), 0.92, 0.8, fc=(0.35, 0.55, 0.8, shade),
-                                           ec="#c0392b" if received else "0.4", lw=1.8 if received else 0.5))
-                    ax.text(t * width + c + 0.46, y + 0.4, "".join(str(q) for q in sorted(ranks)), ha="center",
-                            va="center", fontsize=6.5)
-        for r in range(k):
-            ax.text(-0.3, k - 1 - r + 0.4, tr(f"rank {r}", f"ランク {r}"), ha="right", va="center", fontsize=8)
-        ax.set_xlim(-1.6, len(states) * width)
-        ax.set_ylim(-0.2, k + 0.6)
-        ax.axis("off")
-        fig.suptitle(tr(f"Ring all-reduce on {k} ranks: box c of a rank = chunk c; digits = ranks summed into it; "
-                        "red = received in this step",
-                        f"{k}個のランクのリング・オールリデュース: 各ランクの c 番目の箱 = チャンク c、数字 = 足し込まれた"
-                        "ランク、赤枠 = このステップで受け取ったチャンク"), fontsize=9)
-    return fig

@@ -1,22 +1,22 @@
-"""Schematic figures of the course: what a chapter explains in a picture rather than a measurement.
+"""The course's figures of how work and data move: drawn from the package's own schedules, not measured.
 
-Each function returns a matplotlib ``Figure`` drawn in the course's style (labels in the notebook's language);
-show it with ``display(Image(mparlib.plot.figure_png(fig)))``. Explained in 06_ddp.
+Each function returns a matplotlib ``Figure`` (or draws on the axes it is given) in the course's style, labels in
+the notebook's language; show a figure with ``display(Image(mparlib.plot.figure_png(fig)))``. DataParallel vs DDP
+(:func:`ddp_overview`, chapter 06); the six collectives and the ring all-reduce, from
+:func:`mparlib.collectives.collective_patterns` and :func:`mparlib.collectives.ring_contents` (chapter 08); a
+pipeline's timeline (:func:`draw_timeline`, chapter 10). Explained in 06_ddp.
 """
 from matplotlib.figure import Figure
-from matplotlib.patches import FancyBboxPatch
+from matplotlib.patches import FancyBboxPatch, Patch, Rectangle
 
+from .collectives import collective_patterns, ring_contents, ring_schedule
 from .lang import tr
 from .plot import course_style
 
 
+@course_style()
 def ddp_overview():
     """Schematic: DataParallel's threads vs DDP's processes, and bucketed all-reduce overlapping backward. Explained in 06_ddp."""
-    with course_style():
-        return _ddp_overview()
-
-
-def _ddp_overview():
     fig = Figure(figsize=(10, 6.2))
     top, bottom = fig.add_axes([0.01, 0.40, 0.98, 0.58]), fig.add_axes([0.17, 0.08, 0.81, 0.27])
     top.set_xlim(0, 100)
@@ -70,3 +70,112 @@ def _ddp_overview():
     for s in ("top", "right"):
         bottom.spines[s].set_visible(False)
     return fig
+
+
+_RANK_COLORS = ("#7fb3d5", "#f5b041", "#82e0aa", "#d7a1e8", "#f1948a", "#a3e4d7", "#f7dc6f", "#bfc9ca")
+
+
+def _cell(ax, x, y, pieces, k):
+    """One box of a tensor: coloured by whose data it holds, labelled ``r.j``, ``0+1.j`` or ``Σj``."""
+    if pieces is None:
+        ax.add_patch(Rectangle((x, y), 0.92, 0.8, fc="white", ec="0.75", lw=0.6, ls=":"))
+        return
+    sources, chunk = sorted({r for r, _ in pieces}), min(j for _, j in pieces)
+    color = _RANK_COLORS[sources[0] % len(_RANK_COLORS)] if len(sources) == 1 else "0.82"
+    ax.add_patch(Rectangle((x, y), 0.92, 0.8, fc=color, ec="0.35", lw=0.6))
+    who = "Σ" if len(sources) == k > 1 else "+".join(map(str, sources)) + "."
+    ax.text(x + 0.46, y + 0.4, f"{who}{chunk}", ha="center", va="center", fontsize=7)
+
+
+@course_style()
+def collectives_figure(k=4):
+    """The six collectives on ``k`` ranks in one picture: whose data is where. Explained in 08_collectives."""
+    patterns = collective_patterns(k)
+    fig = Figure(figsize=(11, 5.6))
+    axes = fig.subplots(2, 3)
+    for ax, (name, (before, after)) in zip(axes.flat, patterns.items()):
+        for r in range(k):
+            y = k - 1 - r
+            ax.text(-0.2, y + 0.4, tr(f"rank {r}", f"ランク {r}"), ha="right", va="center", fontsize=8)
+            for j in range(k):
+                _cell(ax, j, y, before[r][j], k)
+                _cell(ax, k + 1.2 + j, y, after[r][j], k)
+        ax.annotate("", (k + 1.05, k / 2), (k + 0.1, k / 2), arrowprops=dict(arrowstyle="->", color="0.3"))
+        ax.text(k / 2, k + 0.15, tr("before", "前"), ha="center", fontsize=8)
+        ax.text(k + 1.2 + k / 2, k + 0.15, tr("after", "後"), ha="center", fontsize=8)
+        ax.set_title(f"dist.{name}", fontsize=10, family="monospace")
+        ax.set_xlim(-1.6, 2 * k + 1.3)
+        ax.set_ylim(-0.3, k + 0.7)
+        ax.axis("off")
+    fig.text(0.5, 0.01, tr("r.j = chunk j of rank r's data; Σj = chunk j summed over all ranks; "
+                           "dotted = not written (or left unspecified); root = rank 0",
+                           "r.j = ランク r のデータのチャンク j、Σj = 全ランクのチャンク j の和、点線 = 書き込まれない"
+                           "（または内容が決まらない）位置、ルート = ランク 0"), ha="center", fontsize=8)
+    fig.subplots_adjust(left=0.06, right=0.99, top=0.93, bottom=0.06, wspace=0.25, hspace=0.3)
+    return fig
+
+
+@course_style()
+def ring_figure(k=4):
+    """The ring all-reduce on ``k`` ranks, step by step, drawn from the ring's schedule. Explained in 08_collectives.
+
+    A column per state (start, then after each step), a row per rank, a box per chunk, labelled with the ranks
+    summed into it; the chunk a rank received in that step is outlined in red.
+    """
+    schedule, states = ring_schedule(k, k), ring_contents(k)
+    fig = Figure(figsize=(2.0 * len(states) + 0.8, 0.55 * k + 1.4))
+    ax = fig.add_axes([0.05, 0.02, 0.94, 0.86])
+    width = k + 1.0  # one column: k chunk boxes and a gap
+    for t, state in enumerate(states):
+        step = schedule[t - 1] if t else None
+        title = tr("start", "開始") if t == 0 else f"{step.phase} {t if t < k else t - k + 1}"
+        ax.text(t * width + k / 2, k + 0.25, title, ha="center", fontsize=8)
+        for r in range(k):
+            y = k - 1 - r
+            for c in range(k):
+                ranks = state[r][c]
+                shade = 0.15 + 0.85 * len(ranks) / k
+                received = step is not None and step.recv[r] == c
+                ax.add_patch(Rectangle((t * width + c, y), 0.92, 0.8, fc=(0.35, 0.55, 0.8, shade),
+                                       ec="#c0392b" if received else "0.4", lw=1.8 if received else 0.5))
+                ax.text(t * width + c + 0.46, y + 0.4, "".join(str(q) for q in sorted(ranks)), ha="center",
+                        va="center", fontsize=6.5)
+    for r in range(k):
+        ax.text(-0.3, k - 1 - r + 0.4, tr(f"rank {r}", f"ランク {r}"), ha="right", va="center", fontsize=8)
+    ax.set_xlim(-1.6, len(states) * width)
+    ax.set_ylim(-0.2, k + 0.6)
+    ax.axis("off")
+    fig.suptitle(tr(f"Ring all-reduce on {k} ranks: box c of a rank = chunk c; digits = ranks summed into it; "
+                    "red = received in this step",
+                    f"{k}個のランクのリング・オールリデュース: 各ランクの c 番目の箱 = チャンク c、数字 = 足し込まれた"
+                    "ランク、赤枠 = このステップで受け取ったチャンク"), fontsize=9)
+    return fig
+
+
+_KINDS = {"F": ("forward", "順伝播"), "B": ("backward", "逆伝播")}
+
+
+def draw_timeline(ax, records_per_rank, title="", unit=1e3, xlabel=None, row_label=None):
+    """Draw each rank's notes as a row of bars: forward filled, backward hatched. Explained in 10_model_parallel.
+
+    ``records_per_rank[r]`` lists rank ``r``'s ``(kind, micro_batch, start, end)``; times are multiplied by ``unit``
+    (``1e3``: seconds to milliseconds; ``1`` for a simulated schedule counted in ticks). Bars are coloured by
+    micro-batch and numbered; rows are called "rank r" unless ``row_label`` (a function of ``r``) names them;
+    labels are in the notebook's language.
+    """
+    for r, notes in enumerate(records_per_rank):
+        for kind, i, start, end in notes:
+            ax.broken_barh([(start * unit, (end - start) * unit)], (r - 0.4, 0.8), facecolors=f"C{i % 10}",
+                           edgecolor="black", linewidth=0.5, hatch="//" if kind == "B" else None,
+                           alpha=0.55 if kind == "B" else 1.0)
+            ax.text((start + end) / 2 * unit, r, str(i), ha="center", va="center", fontsize=8)
+    row_label = row_label or (lambda r: tr(f"rank {r}", f"ランク {r}"))
+    ax.set_yticks(range(len(records_per_rank)), [row_label(r) for r in range(len(records_per_rank))])
+    ax.set_ylim(len(records_per_rank) - 0.5, -0.5)
+    ax.set_title(title, fontsize=10)
+    ax.set_xlabel(xlabel if xlabel is not None else tr("time (ms)", "時間（ms）"))
+    kinds = [k for k in _KINDS if any(kind == k for notes in records_per_rank for kind, *_ in notes)]
+    ax.legend(handles=[Patch(facecolor="white", edgecolor="black", hatch="//" if k == "B" else None,
+                             label=tr(*_KINDS[k])) for k in kinds], fontsize=8, loc="center left",
+              bbox_to_anchor=(1.01, 0.5))  # beside the axes, never over a bar
+    return ax

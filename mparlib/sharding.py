@@ -9,24 +9,25 @@ holds what the chapter, its tests and its benchmark share:
 - :class:`ShardedOptimizer`: ZeRO from primitives (reduce-scatter the gradients, update the local shard, all-gather
   the parameters),
 - :class:`CollectiveLog`: which collectives ran inside a ``with`` block, and how many bytes each moved,
-- sharded checkpoints with ``torch.distributed.checkpoint`` that are complete or absent, never half there,
 - :func:`fsdp_memory_worker`: one FSDP2 training run that reports its memory per rank (for the benchmark).
+
+Sharded checkpoints are :mod:`mparlib.sharded_checkpoint`.
 """
-import contextlib
 import math
-import os
-import shutil
 import time
-import warnings
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .errors import CheckpointError, ConfigError
-from .files import atomic_write_bytes
+from .checks import int_in, one_of, positive_int
+from .errors import ConfigError
 from .lang import tr
+from .rendezvous import device as rank_device
+from .timing import synchronize
+from .vit import vit
 
 # Bytes per parameter held while training, by precision: the weights used in the forward pass, their gradients,
 # and an fp32 "master" copy of the weights that mixed precision updates. The optimizer adds its own state.
@@ -45,21 +46,14 @@ _reduce_scatter = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_ten
 _all_gather = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
 
 
-def _choice(value, options, name):
-    if value not in options:
-        raise ConfigError(tr(f"{name}={value!r}: use one of {sorted(options)}.",
-                             f"{name}={value!r}: {sorted(options)} のどれかを指定してください。"))
-    return value
-
-
 def bytes_per_parameter(precision="fp32", optimizer="adam"):
     """Bytes one parameter costs in training, by part: params, grads, optimizer. Explained in 09_sharding.
 
     ``optimizer`` counts the optimizer's state plus the fp32 master weights of mixed precision, as ZeRO does (its
     stage 1 shards both). fp32 with Adam: 4 + 4 + 8 = 16 bytes.
     """
-    p = PRECISIONS[_choice(precision, PRECISIONS, "precision")]
-    states = STATES_PER_PARAMETER[_choice(optimizer, STATES_PER_PARAMETER, "optimizer")]
+    p = PRECISIONS[one_of(precision, "precision", tuple(PRECISIONS), "bytes_per_parameter")]
+    states = STATES_PER_PARAMETER[one_of(optimizer, "optimizer", tuple(STATES_PER_PARAMETER), "bytes_per_parameter")]
     return {"params": p["params"], "grads": p["grads"], "optimizer": p["master"] + states * p["state"]}
 
 
@@ -69,26 +63,14 @@ def zero_bytes_per_rank(n_params, world, stage, precision="fp32", optimizer="ada
     Stage 0 is plain data parallelism (DDP); stage 1 shards the optimizer state, stage 2 also the gradients,
     stage 3 also the parameters (FSDP's full sharding).
     """
-    if stage not in (0, 1, 2, 3) or isinstance(stage, bool):
-        raise ConfigError(tr(f"stage={stage!r}: ZeRO has stages 0 (none), 1, 2 and 3.",
-                             f"stage={stage!r}: ZeRO のステージは 0（シャーディングなし）、1、2、3 です。"))
-    if isinstance(world, bool) or not isinstance(world, int) or world < 1:
-        raise ConfigError(tr(f"world={world!r}: the number of ranks is a positive int.",
-                             f"world={world!r}: ランク数は正の整数で指定してください。"))
+    int_in(stage, "stage", 0, 3, 1, "zero_bytes_per_rank")
+    positive_int(world, "world", 8, "zero_bytes_per_rank")
     per = bytes_per_parameter(precision, optimizer)
     sharded = {"optimizer": stage >= 1, "grads": stage >= 2, "params": stage >= 3}
     return {k: n_params * b / (world if sharded[k] else 1) for k, b in per.items()}
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Counting what a rank holds
-# ---------------------------------------------------------------------------------------------------------------
-
-def _local(t):
-    """The tensor this rank stores: a DTensor's local shard, any other tensor itself."""
-    to_local = getattr(t, "to_local", None)
-    return to_local() if callable(to_local) else t
-
+# Counting what a rank holds ---------------------------------------------------------------------------------------
 
 def tensor_bytes(tensors):
     """Bytes of memory behind ``tensors`` on this rank, each storage counted once. Explained in 09_sharding.
@@ -100,7 +82,7 @@ def tensor_bytes(tensors):
     for t in tensors:
         if t is None:
             continue
-        s = _local(t).untyped_storage()
+        s = (t.to_local() if hasattr(t, "to_local") else t).untyped_storage()  # a DTensor: its local shard
         key = (s.device, s.data_ptr()) if s.data_ptr() else ("empty", id(s))
         storages[key] = s.nbytes()
     return sum(storages.values())
@@ -125,9 +107,7 @@ def held_bytes(model, optimizer=None):
     return {"params": tensor_bytes(params), "grads": tensor_bytes(grads), "optimizer": tensor_bytes(state)}
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# ZeRO from primitives
-# ---------------------------------------------------------------------------------------------------------------
+# ZeRO from primitives ---------------------------------------------------------------------------------------------
 
 class ShardedOptimizer:
     """ZeRO from primitives: each rank updates 1/N of the parameters with its own optimizer. Explained in 09_sharding.
@@ -188,9 +168,7 @@ class ShardedOptimizer:
         self.shard.grad = None
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Watching the collectives
-# ---------------------------------------------------------------------------------------------------------------
+# Watching the collectives -----------------------------------------------------------------------------------------
 
 class CollectiveLog(TorchDispatchMode):
     """Record the collectives run inside ``with CollectiveLog() as log:``, with their bytes. Explained in 09_sharding.
@@ -228,127 +206,7 @@ class CollectiveLog(TorchDispatchMode):
         return out
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Sharded checkpoints that are complete or absent
-# ---------------------------------------------------------------------------------------------------------------
-
-MARKER = "latest"  # a small file in the checkpoint root naming the last complete save
-
-
-def _distributed():
-    return dist.is_available() and dist.is_initialized()
-
-
-def _agree(message):
-    """Rank 0's verdict (None or an error message), the same on every rank."""
-    if _distributed():
-        box = [message]
-        dist.broadcast_object_list(box, src=0)
-        message = box[0]
-    if message is not None:
-        raise CheckpointError(message)
-
-
-@contextlib.contextmanager
-def _single_process_is_meant():
-    """Without a process group DCP warns that it assumes one process: here that is what the caller asked for."""
-    with warnings.catch_warnings():
-        if not _distributed():
-            warnings.filterwarnings("ignore", message=r"torch\.distributed is .*uninitialized")
-        yield
-
-
-def _barrier():
-    if _distributed():
-        dist.barrier()
-
-
-def save_sharded(state, root, step):
-    """Save ``state`` with DCP, every rank its shards, into ``root/step-NNNNNNNN``. Explained in 09_sharding.
-
-    Each rank writes its own shards into a temporary folder ``root/.step-NNNNNNNN.partial`` (DCP's coordinator
-    writes the index, ``.metadata``, last). Only when every rank has finished does rank 0 rename the folder to its
-    final name (one atomic step) and then rewrite the marker ``root/latest`` (atomically too). A save stopped at
-    any point leaves the previous checkpoint and the marker as they were: a save is complete or absent. Returns the
-    folder of this save.
-    """
-    root = Path(root)
-    name = f"step-{int(step):08d}"
-    final, partial = root / name, root / f".{name}.partial"
-    message = None
-    if not _distributed() or dist.get_rank() == 0:
-        if final.exists():
-            message = tr(f"{final} exists already; a checkpoint is never overwritten. Save under another step or "
-                         "remove the old folder.",
-                         f"{final} はすでにあります。チェックポイントは上書きしません。別のステップで保存するか、"
-                         "古いフォルダを削除してください。")
-        else:
-            shutil.rmtree(partial, ignore_errors=True)  # what an earlier save of this step left when it was killed
-            partial.mkdir(parents=True)
-    _agree(message)
-    _barrier()
-    import torch.distributed.checkpoint as dcp
-
-    with _single_process_is_meant():
-        dcp.save(state, checkpoint_id=partial)
-    _barrier()  # every rank's files are on disk, and the coordinator's .metadata too
-    if not _distributed() or dist.get_rank() == 0:
-        os.replace(partial, final)
-        atomic_write_bytes(root / MARKER, (name + "\n").encode())
-    _barrier()
-    return final
-
-
-def _check_complete(folder):
-    folder = Path(folder)
-    if not folder.is_dir():
-        raise CheckpointError(tr(f"{folder}: no such checkpoint folder.", f"{folder}: そのチェックポイントのフォルダは"
-                                 "ありません。"))
-    if folder.name.endswith(".partial") or not (folder / ".metadata").is_file():
-        root = folder.parent
-        last = (root / MARKER).read_text().strip() if (root / MARKER).is_file() else None
-        hint_en = f" The last complete one is {root / last}." if last else ""
-        hint_ja = f"最後に完了したチェックポイントは {root / last} です。" if last else ""
-        raise CheckpointError(tr(
-            f"{folder} is not a complete checkpoint: its save was stopped part-way (a killed process, a full disk, a "
-            "machine that went down), so it lacks the index that DCP writes last (.metadata) and it was never "
-            f"renamed to its final name. It is never loaded; delete it.{hint_en}",
-            f"{folder} は完全なチェックポイントではありません。保存が途中で止まった（プロセスが強制終了された、"
-            "ディスクがいっぱいになった、マシンが落ちた）ため、DCP が最後に書く索引（.metadata）がなく、最終的な名前"
-            f"にも変わっていません。このフォルダは読み込まないので、削除してください。{hint_ja}"))
-    return folder
-
-
-def latest_checkpoint(root):
-    """The folder of the last complete save under ``root`` (its marker file says which). Explained in 09_sharding."""
-    root = Path(root)
-    if not (root / MARKER).is_file():
-        raise CheckpointError(tr(f"{root} holds no complete checkpoint (no '{MARKER}' file): save one with "
-                                 "save_sharded first.",
-                                 f"{root} には完了したチェックポイントがありません（'{MARKER}' ファイルがありません）。"
-                                 "先に save_sharded で保存してください。"))
-    return _check_complete(root / (root / MARKER).read_text().strip())
-
-
-def load_sharded(state, path):
-    """Load ``state`` in place from :func:`save_sharded`'s checkpoint, on any number of ranks. Explained in 09_sharding.
-
-    ``path`` is a checkpoint root (its latest complete save is loaded) or one save's folder. ``state`` holds the
-    tensors to fill, laid out for the ranks that load: DTensors of any sharding, or plain tensors in a process
-    without a process group. DCP reads from each file the pieces that each rank needs. Returns the folder read.
-    """
-    path = Path(path)
-    folder = latest_checkpoint(path) if (path / MARKER).is_file() else _check_complete(path)
-    import torch.distributed.checkpoint as dcp
-
-    with _single_process_is_meant():
-        dcp.load(state, checkpoint_id=folder)
-    return folder
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# One FSDP2 run that reports its memory per rank (the benchmark's worker)
-# ---------------------------------------------------------------------------------------------------------------
+# One FSDP2 run that reports its memory per rank (the benchmark's worker) ------------------------------------------
 
 def fsdp_memory_worker(size="small", batch=8, steps=3, warmup=1, lr=1e-3, reshard_after_forward=True, seed=0):
     """Train a ViT with FSDP2 for a few steps; per-rank bytes, step times, collectives. Explained in 09_sharding.
@@ -359,13 +217,7 @@ def fsdp_memory_worker(size="small", batch=8, steps=3, warmup=1, lr=1e-3, reshar
     every rank, a dict with ``bytes_per_rank`` (the largest rank's count of each part), ``per_rank`` (each rank's;
     on a GPU also ``cuda_max_allocated``), ``step_s`` (each timed step, slowest rank) and the collectives of a step.
     """
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-
-    from .launch import device
-    from .vit import vit
-
-    dev, world, rank = device(), dist.get_world_size(), dist.get_rank()
+    dev, world, rank = rank_device(), dist.get_world_size(), dist.get_rank()
     torch.manual_seed(seed)
     model = vit(size).to(dev)
     mesh = init_device_mesh(dev.type, (world,))
@@ -378,15 +230,13 @@ def fsdp_memory_worker(size="small", batch=8, steps=3, warmup=1, lr=1e-3, reshar
     times, log = [], None
     for i in range(warmup + steps):
         optimizer.zero_grad()
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
+        synchronize(dev)
         dist.barrier()
         start = time.perf_counter()
         with CollectiveLog() as log:
             torch.nn.functional.cross_entropy(model(X), y).backward()
         optimizer.step()
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
+        synchronize(dev)
         if i >= warmup:
             times.append(time.perf_counter() - start)
     mine = held_bytes(model, optimizer)

@@ -6,12 +6,13 @@ token is classified. Transformer blocks are the unit that FSDP shards and that t
 split, and their sizes are easy to reason about: a block holds ``4 dim^2 + 2 dim hidden`` weights (plus biases and
 norms). Explained in 09_sharding.
 """
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
+from .checks import one_of, positive_int
 from .errors import ConfigError
 from .lang import tr
 
@@ -30,10 +31,7 @@ class ViTConfig:
     def check(self):
         """Raise a clear error for sizes that cannot build a model."""
         for name in ("dim", "depth", "heads", "hidden", "patch", "classes"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ConfigError(tr(f"ViTConfig({name}={v!r}): use a positive int.",
-                                     f"ViTConfig({name}={v!r}): 正の整数を指定してください。"))
+            positive_int(getattr(self, name), name, getattr(ViTConfig, name), "ViTConfig")
         if self.dim % self.heads:
             raise ConfigError(tr(f"ViTConfig: dim={self.dim} does not divide into heads={self.heads}; each head takes "
                                  "dim / heads features.",
@@ -126,8 +124,4 @@ class ViT(nn.Module):
 
 def vit(size="smoke", **changes):
     """A :class:`ViT` of a named size (``"smoke"`` or ``"small"``), optionally with changed fields. Explained in 09_sharding."""
-    if size not in SIZES:
-        raise ConfigError(tr(f"size={size!r}: use one of {sorted(SIZES)}.", f"size={size!r}: {sorted(SIZES)} のどれかを指定してください。"))
-    from dataclasses import replace
-
-    return ViT(replace(SIZES[size], **changes))
+    return ViT(replace(SIZES[one_of(size, "size", tuple(SIZES), "vit")], **changes))

@@ -13,6 +13,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from mparlib import sharding
+from mparlib.sharded_checkpoint import load_sharded, save_sharded
 from mparlib.vit import vit
 
 OPTIMIZERS = {"adam": (torch.optim.Adam, {"lr": 1e-3}), "momentum": (torch.optim.SGD, {"lr": 0.1, "momentum": 0.9})}
@@ -91,7 +92,7 @@ def fsdp_train_and_save(batches, root, dtype):
     everyone = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, held)
     model_state, optim_state = get_state_dict(net, opt)
-    folder = sharding.save_sharded({"model": model_state, "optim": optim_state}, root, step=len(batches))
+    folder = save_sharded({"model": model_state, "optim": optim_state}, root, step=len(batches))
     full_model, full_optim = _full(net, opt)
     return {"losses": losses, "held": everyone, "collectives": log.summary(), "folder": str(folder),
             "model": full_model, "optim": full_optim}
@@ -107,7 +108,7 @@ def fsdp_load(root, dtype):
     opt.step()  # creates the optimizer state that the checkpoint then overwrites
     model_state, optim_state = get_state_dict(net, opt)
     state = {"model": model_state, "optim": optim_state}
-    folder = sharding.load_sharded(state, root)
+    folder = load_sharded(state, root)
     set_state_dict(net, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
     full_model, full_optim = _full(net, opt)
     return {"folder": str(folder), "model": full_model, "optim": full_optim}
@@ -129,5 +130,5 @@ def save_and_get_killed(root, step, victim, dtype):
 
         FileSystemWriter.write_data = write_then_die
     model_state, optim_state = get_state_dict(net, opt)
-    sharding.save_sharded({"model": model_state, "optim": optim_state}, root, step=step)
+    save_sharded({"model": model_state, "optim": optim_state}, root, step=step)
     return "the save finished"  # never reached

@@ -2,8 +2,9 @@
 
 Each multi-process test starts one small gloo run per world size (1 to 4 CPU processes) whose worker, defined in
 this file, compares ``ring_all_reduce`` with ``dist.all_reduce`` on the same inputs in the same run, over sizes,
-shapes, dtypes and a subgroup, and checks every collective against the picture of it in
-``collective_patterns``. With two GPUs or more the same comparison runs on the GPUs with nccl.
+shapes, dtypes, messages cut in pieces, receive buffers kept by the caller and a subgroup, and checks every
+collective against the picture of it in ``collective_patterns``. With two GPUs or more the same comparison runs on
+the GPUs with nccl.
 """
 import math
 
@@ -11,16 +12,12 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from mparlib import collectives
+from mparlib import collectives, diagrams
 from mparlib.collectives import (chunk_bounds, collective_patterns, fit_alpha_beta, ring_all_reduce, ring_contents,
                                  ring_schedule)
 from mparlib.errors import ConfigError, LaunchError
-from mparlib.launch import device, launch
-
-
-@pytest.fixture(autouse=True)
-def english(monkeypatch):
-    monkeypatch.setenv("MPARLIB_LANG", "en")
+from mparlib.launch import launch
+from mparlib.rendezvous import device
 
 
 # ------------------------------------------------------------------------------------- workers (imported by ranks)
@@ -29,10 +26,10 @@ def _sizes(k):
     return sorted({0, 1, 2, k - 1, k, k + 1, 2 * k + 1, 7, 1000, 1001})
 
 
-def _compare(x, group=None):
+def _compare(x, group=None, **options):
     """Ring vs dist.all_reduce on copies of ``x``: (same object returned, exact, max difference, tolerance)."""
     ours, ref = x.clone(), x.clone()
-    returned = ring_all_reduce(ours, group=group)
+    returned = ring_all_reduce(ours, group=group, **options)
     dist.all_reduce(ref, group=group)
     if x.dtype.is_floating_point:
         scale = x.abs()
@@ -57,14 +54,19 @@ def ring_cases(seed=0):
             if dtype.is_floating_point:
                 noise = torch.randn(n, generator=g, dtype=dtype).mul_(10.0 ** rank).to(dev)
                 rows.append((f"n={n} {dtype} random", "close", *_compare(noise)))
-    saved, collectives.PIECE_BYTES = collectives.PIECE_BYTES, 24  # 3-6 elements a message: chunks go in pieces
-    try:
-        for n in (7 * k, 1001):
-            for dtype in (torch.float64, torch.int64, torch.float32):
-                values = torch.randint(-10**6, 10**6, (n,), generator=g).to(dtype).to(dev)
-                rows.append((f"n={n} {dtype} in {collectives.PIECE_BYTES}-byte messages", "exact", *_compare(values)))
-    finally:
-        collectives.PIECE_BYTES = saved
+    buffers, kept = {}, []  # the caller's receive buffers, kept across these calls
+    for n in (7 * k, 1001):
+        for dtype in (torch.float64, torch.int64, torch.float32):
+            values = torch.randint(-10**6, 10**6, (n,), generator=g).to(dtype).to(dev)
+            # 24 bytes: 3-6 elements a message, so the chunks go in pieces
+            rows.append((f"n={n} {dtype} in 24-byte messages", "exact", *_compare(values, buffers=buffers,
+                                                                                 piece_bytes=24)))
+            kept.append(buffers.get((values.device, dtype)))  # one rank alone sends nothing and keeps nothing
+    again = torch.randint(-10**6, 10**6, (1001,), generator=g).to(dev)
+    rows.append(("n=1001 again, the kept int64 buffer", "exact", *_compare(again, buffers=buffers)))
+    now, longest = buffers.get((again.device, torch.int64)), max(b - a for a, b in chunk_bounds(1001, k))
+    reused = not buffers if k == 1 else len(buffers) == 3 and now is kept[4] and now.numel() == longest
+    rows.append(("one buffer per dtype, grown once and reused", "exact", True, reused, 0, 0))
     big = torch.randint(2**40, 2**41, (5,), generator=g).to(dev)  # int64 beyond float64's exact integers
     rows.append(("int64 near 2**41", "exact", *_compare(big)))
     matrix = torch.randn(5, 3, generator=g, dtype=torch.float64).to(dev)
@@ -178,14 +180,31 @@ def test_bus_bandwidth_follows_the_nccl_tests_convention():
 def test_without_a_process_group_the_ring_says_how_to_run_it():
     with pytest.raises(LaunchError, match="needs a process group"):
         ring_all_reduce(torch.ones(3))
-    with pytest.raises(ConfigError):
+    with pytest.raises(ConfigError, match="pass a dict that you keep"):
+        ring_all_reduce(torch.ones(3), buffers=[])
+    with pytest.raises(ConfigError, match="piece_bytes=0"):
+        ring_all_reduce(torch.ones(3), piece_bytes=0)
+    with pytest.raises(ConfigError, match="n=-1"):
         chunk_bounds(-1, 2)
+
+
+def test_the_module_keeps_no_state_between_calls():
+    state = [n for n, v in vars(collectives).items()
+             if not n.startswith("__") and isinstance(v, (dict, list, set, torch.Tensor))]
+    assert not state, f"module-level containers would be shared by every call: {sorted(state)}"
+
+
+@pytest.mark.parametrize("k", [2, 4])
+def test_the_figures_draw_every_collective_and_every_ring_step(k):
+    assert len(diagrams.collectives_figure(k).axes) == len(collective_patterns(k)) == 6
+    ring = diagrams.ring_figure(k).axes[0]
+    assert len(ring.patches) == len(ring_contents(k)) * k * k  # a box per chunk, rank and state
 
 
 # ------------------------------------------------------------------------------------------------ processes
 
 def _check_rows(rows, k):
-    per_rank = 5 * len(_sizes(k)) + 6 + 4  # 3 dtypes with integer values + 2 random per size, 6 in pieces, 4 shapes
+    per_rank = 5 * len(_sizes(k)) + 8 + 4  # 3 dtypes of integers + 2 random per size, 8 pieces/buffers, 4 shapes
     assert len(rows) == k * per_rank + (2 if k >= 3 else 0)  # every rank ran every case (ranks 0, 2: the subgroup)
     for rank, name, kind, same_object, exact, difference, tolerance in rows:
         assert same_object, f"rank {rank}, {name}: ring_all_reduce must return the tensor it was given"

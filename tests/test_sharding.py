@@ -1,5 +1,6 @@
-"""mparlib.sharding: the memory arithmetic, ZeRO from primitives against DDP and one process, FSDP2 against one
-process, and sharded checkpoints that reshard (2 ranks -> 4 ranks -> 1 process) and survive a killed save.
+"""mparlib.sharding and mparlib.sharded_checkpoint: the memory arithmetic, ZeRO from primitives against DDP and one
+process, FSDP2 against one process, and sharded checkpoints that reshard (2 ranks -> 4 ranks -> 1 process) and
+survive a killed save.
 
 The ranks run on the CPU with gloo (the workers live in tests/sharding_workers.py). Every comparison is against a
 reference computed by PyTorch itself: DistributedDataParallel with the same optimizer, or the same model trained in
@@ -15,15 +16,11 @@ import torch
 from torch import nn
 
 from mparlib import sharding
+from mparlib.sharded_checkpoint import latest_checkpoint, load_sharded, save_sharded
 from mparlib.errors import CheckpointError, ConfigError, WorkerFailed
 from mparlib.launch import launch
 from sharding_workers import (OPTIMIZERS, fsdp_load, fsdp_train_and_save, model, save_and_get_killed,
                               zero_vs_ddp)
-
-
-@pytest.fixture(autouse=True)
-def english(monkeypatch):
-    monkeypatch.setenv("MPARLIB_LANG", "en")
 
 
 def batches(n, size, seed=0):
@@ -153,7 +150,7 @@ def test_fsdp_equals_one_process_and_its_checkpoint_reshards_from_2_to_4_ranks_a
 
     single = model(dtype, seed=3)  # one process, no process group: DCP reads every shard it needs
     state = {"model": single.state_dict()}
-    sharding.load_sharded(state, tmp_path)
+    load_sharded(state, tmp_path)
     single.load_state_dict(state["model"])
     assert largest_gap(single.state_dict(), saved["model"]) == 0
 
@@ -166,28 +163,28 @@ def test_a_killed_save_leaves_the_previous_checkpoint_and_is_never_loaded(tmp_pa
     partial = tmp_path / ".step-00000003.partial"
     assert partial.is_dir() and any(partial.iterdir())  # shards were written...
     assert not (partial / ".metadata").exists() and not (tmp_path / "step-00000003").exists()  # ...not finished
-    assert sharding.latest_checkpoint(tmp_path) == tmp_path / "step-00000002"
+    assert latest_checkpoint(tmp_path) == tmp_path / "step-00000002"
 
     single = model(dtype, seed=3)
     state = {"model": single.state_dict()}
-    assert sharding.load_sharded(state, tmp_path) == tmp_path / "step-00000002"
+    assert load_sharded(state, tmp_path) == tmp_path / "step-00000002"
     assert largest_gap(state["model"], saved["model"]) == 0
     with pytest.raises(CheckpointError, match=r"not a complete checkpoint.*last complete one is .*step-00000002"):
-        sharding.load_sharded(state, partial)
+        load_sharded(state, partial)
 
     # The next save of the same step clears what the killed one left and completes (here from one process, which
     # DCP allows without a process group); a complete checkpoint is never overwritten.
-    sharding.save_sharded({"model": single.state_dict()}, tmp_path, step=3)
-    assert not partial.exists() and sharding.latest_checkpoint(tmp_path) == tmp_path / "step-00000003"
+    save_sharded({"model": single.state_dict()}, tmp_path, step=3)
+    assert not partial.exists() and latest_checkpoint(tmp_path) == tmp_path / "step-00000003"
     with pytest.raises(CheckpointError, match="exists already"):
-        sharding.save_sharded({"model": single.state_dict()}, tmp_path, step=3)
+        save_sharded({"model": single.state_dict()}, tmp_path, step=3)
 
 
 def test_a_folder_that_is_not_a_checkpoint_is_refused(tmp_path):
     with pytest.raises(CheckpointError, match="no complete checkpoint"):
-        sharding.latest_checkpoint(tmp_path)
+        latest_checkpoint(tmp_path)
     with pytest.raises(CheckpointError, match="no such checkpoint folder"):
-        sharding.load_sharded({}, tmp_path / "missing")
+        load_sharded({}, tmp_path / "missing")
     (tmp_path / "step-00000001").mkdir()
     with pytest.raises(CheckpointError, match="not a complete checkpoint"):
-        sharding.load_sharded({}, tmp_path / "step-00000001")
+        load_sharded({}, tmp_path / "step-00000001")

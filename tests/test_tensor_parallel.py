@@ -1,4 +1,4 @@
-"""Tensor parallelism from primitives (mparlib.tensor_parallel) and pipelines across processes (mparlib.pipeline).
+"""Tensor parallelism from primitives (mparlib.tensor_parallel) and pipelines across processes (mparlib.schedules).
 
 Every claim is checked against the unsplit computation on the same inputs: a split MLP or attention block against
 the full block in one process (outputs, the input's gradient, every parameter's gradient gathered from the ranks,
@@ -11,22 +11,19 @@ import copy
 import pytest
 import torch
 import torch.distributed as dist
+from matplotlib.figure import Figure
 from torch import nn
 from torch.nn import functional as F
 
-from mparlib import pipeline as pp
+from mparlib import schedules as pp
 from mparlib import tensor_parallel as tp
+from mparlib.diagrams import draw_timeline
 from mparlib.errors import ConfigError, LaunchError
 from mparlib.hybrid import pipeline_schedule
 from mparlib.launch import launch
 from mparlib.vit import MLP, Attention
 
 TIGHT = dict(rtol=1e-12, atol=1e-12)
-
-
-@pytest.fixture(autouse=True)
-def english(monkeypatch):
-    monkeypatch.setenv("MPARLIB_LANG", "en")
 
 
 # ----------------------------------------------------------------------------------------------- workers
@@ -253,6 +250,10 @@ def test_bubble_fraction_of_an_ideal_schedule_is_the_formula(p, m):
             t = (p - 1 - s) + i
             notes[s].append(("B", i, end_f + t * b, end_f + (t + 1) * b))
     assert pp.bubble_fraction(notes) == pytest.approx(pp.bubble_formula(p, m))
+    ax = Figure().add_subplot()
+    draw_timeline(ax, notes, unit=1)
+    assert len(ax.collections) == len(ax.texts) == 2 * p * m  # a numbered bar per forward and backward
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["forward", "backward"]
 
 
 def test_bubble_helpers_refuse_bad_input():

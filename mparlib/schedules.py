@@ -1,11 +1,13 @@
 """Pipeline schedules across processes, timed: when every stage works on every micro-batch, and the bubble.
 
+Chapter 04's :class:`mparlib.hybrid.PipelineModel` runs the stages in one process, one device after another; here
 ``torch.distributed.pipelining`` runs a model cut into stages, one per rank, under a schedule such as GPipe or
 1F1B. :class:`StageTimes` wraps a ``PipelineStage`` so that it notes when each forward and backward of a
 micro-batch starts and ends; :func:`bubble_fraction` turns the notes of all ranks into the share of time the
-ranks sat idle, to set beside :func:`bubble_formula`, ``(p - 1) / (m + p - 1)``; :func:`draw_timeline` draws the
-notes. :func:`measure_bubble` is the experiment of the chapter and of ``benchmarks/pipeline.py``: stages of equal
-compute (:func:`uniform_stage`), every schedule and number of micro-batches, busy intervals measured on each rank.
+ranks sat idle, to set beside :func:`bubble_formula`, ``(p - 1) / (m + p - 1)``;
+:func:`mparlib.diagrams.draw_timeline` draws the notes. :func:`measure_bubble` is the experiment of the chapter and
+of ``benchmarks/pipeline.py``: stages of equal compute (:func:`uniform_stage`), every schedule and number of
+micro-batches, busy intervals measured on each rank.
 Explained in 10_model_parallel.
 """
 import time
@@ -16,25 +18,19 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn import functional as F
 
+from .checks import one_of, positive_int
 from .errors import ConfigError
 from .lang import tr
-
-KINDS = {"F": ("forward", "順伝播"), "B": ("backward", "逆伝播")}
-
-
-def _schedules():
-    from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe
-
-    return {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
+from .rendezvous import device as rank_device
+from .timing import synchronize
 
 
 def schedule_class(name):
     """The ``torch.distributed.pipelining`` schedule called ``"gpipe"`` or ``"1f1b"``. Explained in 10_model_parallel."""
-    schedules = _schedules()
-    if name not in schedules:
-        raise ConfigError(tr(f"schedule={name!r}: use one of {sorted(schedules)}.",
-                             f"schedule={name!r}: {sorted(schedules)} のどれかを指定してください。"))
-    return schedules[name]
+    from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe  # 2 s to import: only when a pipeline runs
+
+    schedules = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
+    return schedules[one_of(name, "schedule", tuple(schedules), "schedule_class")]
 
 
 def bubble_formula(num_stages, micro_batches):
@@ -44,10 +40,8 @@ def bubble_formula(num_stages, micro_batches):
     lasts ``m + p - 1`` of them: the first micro-batch needs ``p - 1`` steps to reach the last stage, and its
     gradient as many to come back. GPipe and 1F1B have the same bubble; 1F1B keeps fewer activations alive.
     """
-    for name, v in (("num_stages", num_stages), ("micro_batches", micro_batches)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ConfigError(tr(f"bubble_formula: {name}={v!r}; use a positive int.",
-                                 f"bubble_formula: {name}={v!r} です。正の整数を指定してください。"))
+    positive_int(num_stages, "num_stages", 4, "bubble_formula")
+    positive_int(micro_batches, "micro_batches", 8, "bubble_formula")
     return (num_stages - 1) / (micro_batches + num_stages - 1)
 
 
@@ -62,15 +56,13 @@ class StageTimes:
     """
 
     def __init__(self, stage, device=None):
-        self.stage, self.records = stage, []
-        self.cuda = device is not None and torch.device(device).type == "cuda"
-        self.device = device
+        self.stage, self.records, self.device = stage, [], device
         for method, kind in (("forward_one_chunk", "F"), ("backward_one_chunk", "B")):
             self._wrap(method, kind)
 
     def _now(self):
-        if self.cuda:
-            torch.cuda.synchronize(self.device)
+        if self.device is not None:
+            synchronize(self.device)
         return time.perf_counter()
 
     def _wrap(self, method, kind):
@@ -128,8 +120,6 @@ def measure_bubble(schedules=("gpipe", "1f1b"), micro_batches=(1, 2, 4, 8), widt
     """
     from torch.distributed.pipelining import PipelineStage
 
-    from .launch import device as rank_device
-
     rank, world = dist.get_rank(), dist.get_world_size()
     dev = rank_device()
     torch.manual_seed(seed + rank)
@@ -166,31 +156,3 @@ def measure_bubble(schedules=("gpipe", "1f1b"), micro_batches=(1, 2, 4, 8), widt
             results[name][m] = {"measured": median(bubbles), "formula": bubble_formula(world, m),
                                 "steps": bubbles, "records": notes}
     return results if rank == 0 else None
-
-
-def draw_timeline(ax, records_per_rank, title="", unit=1e3, xlabel=None, row_label=None):
-    """Draw each rank's notes as a row of bars: forward filled, backward hatched. Explained in 10_model_parallel.
-
-    ``records_per_rank[r]`` lists rank ``r``'s ``(kind, micro_batch, start, end)``; times are multiplied by ``unit``
-    (``1e3``: seconds to milliseconds; ``1`` for a simulated schedule counted in ticks). Bars are coloured by
-    micro-batch and numbered; rows are called "rank r" unless ``row_label`` (a function of ``r``) names them;
-    labels are in the notebook's language.
-    """
-    from matplotlib.patches import Patch
-
-    for r, notes in enumerate(records_per_rank):
-        for kind, i, start, end in notes:
-            ax.broken_barh([(start * unit, (end - start) * unit)], (r - 0.4, 0.8), facecolors=f"C{i % 10}",
-                           edgecolor="black", linewidth=0.5, hatch="//" if kind == "B" else None,
-                           alpha=0.55 if kind == "B" else 1.0)
-            ax.text((start + end) / 2 * unit, r, str(i), ha="center", va="center", fontsize=8)
-    row_label = row_label or (lambda r: tr(f"rank {r}", f"ランク {r}"))
-    ax.set_yticks(range(len(records_per_rank)), [row_label(r) for r in range(len(records_per_rank))])
-    ax.set_ylim(len(records_per_rank) - 0.5, -0.5)
-    ax.set_title(title, fontsize=10)
-    ax.set_xlabel(xlabel if xlabel is not None else tr("time (ms)", "時間（ms）"))
-    kinds = [k for k in KINDS if any(kind == k for notes in records_per_rank for kind, *_ in notes)]
-    ax.legend(handles=[Patch(facecolor="white", edgecolor="black", hatch="//" if k == "B" else None,
-                             label=tr(*KINDS[k])) for k in kinds], fontsize=8, loc="center left",
-              bbox_to_anchor=(1.01, 0.5))  # beside the axes, never over a bar
-    return ax
