@@ -45,8 +45,7 @@ def _parser():
         epilog="Start it with `torchrun --nproc_per_node=N -m mparlib.ddp [options]` or with "
                "`python -m mparlib.ddp --nproc N [options]`.")
     ap.add_argument("--nproc", type=int, help="start N local processes (not under torchrun)")
-    ap.add_argument("--port", type=int, default=None,
-                    help="rendezvous port for --nproc (default: $MASTER_PORT, else one the system picks)")
+    ap.add_argument("--port", type=int, help="rendezvous port for --nproc (default: $MASTER_PORT, else a free one)")
     ap.add_argument("--backend", default="auto", choices=["auto", "gloo", "nccl"])
     ap.add_argument("--model", default=d.model, choices=["resnet18", "mlp"])
     ap.add_argument("--width", type=int, default=d.width,
@@ -77,20 +76,18 @@ def main(argv=None):
              if getattr(args, f.name, None) is not None}  # None: the profile's value (batch size, lr) or the default
     under_torchrun = "TORCHELASTIC_RUN_ID" in os.environ or all(os.environ.get(k) for k in RENDEZVOUS_VARS)
     try:
+        if under_torchrun and args.nproc is not None:
+            raise LaunchError(tr("--nproc starts processes, but this one was already started by torchrun: drop "
+                                 "--nproc and use torchrun's --nproc_per_node.",
+                                 "--nproc はプロセスを起動するオプションですが、このプロセスはすでに torchrun が起動"
+                                 "しています。--nproc を外し、torchrun の --nproc_per_node を使ってください。"))
+        # without torchrun's variables and without --nproc, rendezvous_env raises the error that explains how to start
+        nproc = rendezvous_env()["world_size"] if args.nproc is None else positive_int(args.nproc, "--nproc", 2)
+        cfg = DDPConfig.for_profile("full", nproc, **given)
         if under_torchrun:
-            if args.nproc is not None:
-                raise LaunchError(tr("--nproc starts processes, but this one was already started by torchrun: drop "
-                                     "--nproc and use torchrun's --nproc_per_node.",
-                                     "--nproc はプロセスを起動するオプションですが、このプロセスはすでに torchrun が起動"
-                                     "しています。--nproc を外し、torchrun の --nproc_per_node を使ってください。"))
-            cfg = DDPConfig.for_profile("full", rendezvous_env()["world_size"], **given)
             with process_group(args.backend):
                 train_worker(cfg)
             return 0
-        if args.nproc is None:
-            rendezvous_env()  # raises the error that explains how to start
-        nproc = positive_int(args.nproc, "--nproc", 2)
-        cfg = DDPConfig.for_profile("full", nproc, **given)
         check_run(cfg, nproc, choose_backend(args.backend, nproc))
         port = args.port if args.port is not None else int(os.environ.get("MASTER_PORT", 0) or 0)
         main_thread = threading.current_thread() is threading.main_thread()  # only it may set signal handlers

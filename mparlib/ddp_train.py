@@ -1,8 +1,7 @@
 """The DDP experiment: chapter 5's training with one process per device, as each rank runs it. Explained in 06_ddp.
 
-Each rank reads its shard of every epoch through a ``DistributedSampler`` and runs the course's training step
-(:func:`mparlib.step.train_step`) on ``global batch / world size`` examples while DDP averages the gradients during
-the backward pass. Rank 0 alone prints, plots and writes the checkpoint (:mod:`mparlib.runfolder`).
+Each rank trains on its shard of every epoch (``DistributedSampler``) with the course's training step while DDP
+averages the gradients during the backward pass; rank 0 alone prints, plots and writes the checkpoint.
 """
 import contextlib
 import dataclasses
@@ -30,24 +29,19 @@ from .step import train_step
 from .timing import Timer
 
 MODELS = ("resnet18", "mlp")
-# Chapter 06's experiment in its two profiles, per process: the global batch and the learning rate grow with the
-# processes, as in chapter 5 (2 GPUs: 512 and 0.2). "full" is chapter 5's experiment (DDPConfig's defaults), "smoke"
-# a narrow ResNet-18 on 12,000 images that 2 CPU processes train in about a minute.
+# Chapter 06's experiment per process (batch and learning rate grow with the processes, as in chapter 5): "full" is
+# chapter 5's (DDPConfig's defaults), "smoke" a narrow ResNet-18 on 12,000 images, a minute for 2 CPU processes.
 PROFILES = {"full": {}, "smoke": dict(width=8, epochs=2, batch_size=16, lr=0.005, momentum=0.9, subset=(12000, 1000))}
 
 
 @dataclasses.dataclass
 class DDPConfig:
-    """Settings of a DDP training run (the command-line options of ``python -m mparlib.ddp``). Explained in 06_ddp.
-
-    ``batch_size`` is the *global* batch: each of the ``W`` processes takes ``batch_size // W`` examples per step.
-    The defaults are chapter 5's experiment for one process.
-    """
+    """Settings of a DDP training run (the command-line options of ``python -m mparlib.ddp``). Explained in 06_ddp."""
 
     model: str = "resnet18"  # "resnet18" (chapter 5) or "mlp" (small, without BatchNorm)
     width: int = 64  # channels of the ResNet-18's stem: 64 is d2l's network, 16 a narrow one for quick CPU runs
     epochs: int = 10
-    batch_size: int = 256  # global, split across the processes
+    batch_size: int = 256  # the global batch: each of the W processes takes batch_size // W examples per step
     lr: float = 0.1
     momentum: float = 0.0
     weight_decay: float = 0.0
@@ -78,10 +72,7 @@ def _check_model(name, width):
 
 
 def make_model(name, width=64):
-    """Build a model by name: ``"resnet18"`` (chapter 5) or ``"mlp"`` (784-64-10, no BatchNorm). Explained in 06_ddp.
-
-    ``width`` is the ResNet-18's stem width (``mparlib.models.resnet18``); the MLP has none and takes only 64.
-    """
+    """Build ``"resnet18"`` (chapter 5, stem ``width``) or ``"mlp"`` (784-64-10, no BatchNorm). Explained in 06_ddp."""
     _check_model(name, width)
     net = resnet18(10, in_channels=1, width=width) if name == "resnet18" else \
         nn.Sequential(nn.Flatten(), nn.Linear(28 * 28, 64), nn.ReLU(), nn.Linear(64, 10))
@@ -92,13 +83,11 @@ def make_model(name, width=64):
 def load_split_tensors(split, n=None, root=None):
     """Fashion-MNIST ``split`` as uint8 images ``(N, 28, 28)`` and int64 labels, the first ``n`` examples. Explained in 06_ddp."""
     images, labels = read_split(locate(root), split)
-    if n is not None:
-        if n > len(labels):
-            raise ConfigError(tr(f"{n} {split} examples were asked for; the {split} set has {len(labels)}.",
-                                 f"{split} のデータが {n}個指定されましたが、{split} セットには {len(labels)}個しか"
-                                 "ありません。"))
-        images, labels = images[:n], labels[:n]
-    return images, labels
+    if n is not None and n > len(labels):
+        raise ConfigError(tr(f"{n} {split} examples were asked for; the {split} set has {len(labels)}.",
+                             f"{split} のデータが {n}個指定されましたが、{split} セットには {len(labels)}個しか"
+                             "ありません。"))
+    return images[:n], labels[:n]
 
 
 def check_run(cfg, world, backend):
@@ -153,8 +142,7 @@ def train_worker(cfg):
     """
     rank, world = dist.get_rank(), dist.get_world_size()
     check_run(cfg, world, dist.get_backend())
-    own_lock = rank == 0 and not cfg.out_locked  # one run per output folder
-    with lock_folder(cfg.out, what="--out") if own_lock else contextlib.nullcontext():
+    with lock_folder(cfg.out, what="--out") if rank == 0 and not cfg.out_locked else contextlib.nullcontext():
         run = _setup(cfg, rank, world, rank_device())
         for epoch in range(run.start_epoch, cfg.epochs):
             h = _epoch(cfg, run, epoch)
@@ -166,7 +154,7 @@ def train_worker(cfg):
                          f"エポック {epoch + 1}/{cfg.epochs}: 訓練損失 {h['train_loss']:.3f}、訓練精度 {h['train_acc']:.3f}、"
                          f"テスト精度 {h['test_acc']:.3f}、{h['images_per_s']:.1f} 画像/秒"), flush=True)
                 if run.animator is not None:
-                    _plot(run.animator, h)
+                    run.animator.add(h["epoch"], (h["train_loss"], h["train_acc"], h["test_acc"]))
     return {"history": run.history, "checkpoint": str(checkpoint_path(cfg)), "world_size": world,
             "backend": dist.get_backend(), "per_rank_batch": run.per_rank}
 
@@ -186,12 +174,9 @@ def _setup(cfg, rank, world, device):
 
     # Model: the same seed everywhere, and DDP broadcasts rank 0's parameters when it wraps the model anyway.
     torch.manual_seed(cfg.seed)
-    run.net = make_model(cfg.model, cfg.width)
-    if cfg.sync_bn:
-        run.net = nn.SyncBatchNorm.convert_sync_batchnorm(run.net)
-    run.net.to(device)
-    run.optimizer = torch.optim.SGD(run.net.parameters(), lr=cfg.lr, momentum=cfg.momentum,
-                                    weight_decay=cfg.weight_decay)
+    net = make_model(cfg.model, cfg.width)
+    run.net = net = (nn.SyncBatchNorm.convert_sync_batchnorm(net) if cfg.sync_bn else net).to(device)
+    run.optimizer = torch.optim.SGD(net.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
     if ckpt is not None:  # every rank loads it: the optimizer state (momentum) lives in each process
         run.net.load_state_dict(ckpt["model"])
         run.optimizer.load_state_dict(ckpt["optimizer"])
@@ -263,23 +248,16 @@ def _animator(cfg, world, history):
                                  f"DDP、{world}個のプロセス（{dist.get_backend()}）"),
                         path=Path(cfg.out) / "plot.png", display=False, echo=False)  # the epoch line says it
     for h in history:
-        _plot(animator, h)
+        animator.add(h["epoch"], (h["train_loss"], h["train_acc"], h["test_acc"]))
     return animator
-
-
-def _plot(animator, h):
-    animator.add(h["epoch"], (h["train_loss"], h["train_acc"], h["test_acc"]))
 
 
 @torch.no_grad()
 def evaluate(net, images, labels, idx, batch_size, device):
-    """Accuracy over all ranks: each rank scores its examples ``idx``, the counts are summed. Explained in 06_ddp.
-
-    Uses the unwrapped model: DDP's forward may synchronise with the other ranks, which evaluation does not need.
-    """
+    """Accuracy over all ranks: each rank scores its examples ``idx``, the counts are summed. Explained in 06_ddp."""
     for b in net.buffers():  # BatchNorm statistics: evaluate every shard with rank 0's (those in the checkpoint)
         dist.broadcast(b, src=0)
-    net.eval()
+    net.eval()  # net is the model inside DDP, whose forward would synchronise the ranks: scoring needs no sync
     counts = torch.zeros(2, dtype=torch.float64, device=device)  # correct, examples
     for i in idx.split(batch_size):
         x, y = to_float(images[i]).to(device), labels[i].to(device)

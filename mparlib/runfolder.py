@@ -1,10 +1,8 @@
 """A run's folder: one run at a time, and the checkpoint that ``--resume`` continues. Explained in 06_ddp.
 
-The lock is an operating-system lock (``flock``) on ``FOLDER/.mparlib.lock``: the system releases it when the
-process ends, however it ends, so a crashed run leaves no stale lock; the file names the holder for the refusal.
-The checkpoint is chapter 2's format (plain parameter names, written atomically) plus what resuming needs: the
-optimizer state, the finished epochs, the sampler's seed and epoch, the random state, the history and the settings
-that must not change. Rank 0 reads and checks it, and sends it to every rank.
+The lock is ``flock`` on ``FOLDER/.mparlib.lock``: the system releases it however the process ends (a crashed run
+leaves no stale lock), and the file names the holder. The checkpoint is chapter 2's format (written atomically) plus
+what resuming needs: optimizer state, finished epochs, sampler, random state, history, the settings that must stay.
 """
 import contextlib
 import dataclasses
@@ -19,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from .checkpoint import save_checkpoint
-from .errors import CheckpointError, ConfigError, MparlibError, OutputLocked
+from .errors import CheckpointError, ConfigError, OutputLocked
 from .lang import tr
 
 try:
@@ -35,10 +33,7 @@ _ADDED_LATER = {"width": 64}  # settings older checkpoints lack, with the value 
 
 @contextlib.contextmanager
 def lock_folder(folder, what="folder"):
-    """``with lock_folder(out):`` holds ``out`` (made if needed) for this run, or raises ``OutputLocked``. Explained in 06_ddp.
-
-    The refusal names the holder; ``what`` names the option the user set (``"--out"``), so it can say what to change.
-    """
+    """``with lock_folder(out):`` holds ``out`` for one run, or raises ``OutputLocked``. Explained in 06_ddp."""
     folder = Path(folder)
     if folder.exists() and not folder.is_dir():
         raise ConfigError(tr(f"{what} {folder} is a file, not a folder: choose a folder for the run's files.",
@@ -139,16 +134,16 @@ def read_checkpoint(cfg):
 
 def shared_checkpoint(cfg):
     """Rank 0 reads and checks the checkpoint; every rank gets it (other hosts need no copy). Explained in 06_ddp."""
-    box = [None, None]  # error message, checkpoint
+    box = [None]  # the checkpoint (or None), or the error that refuses it
     if dist.get_rank() == 0:
         try:
-            box[1] = read_checkpoint(cfg)
-        except MparlibError as e:
-            box[0] = str(e)
+            box[0] = read_checkpoint(cfg)
+        except CheckpointError as e:
+            box[0] = e
     dist.broadcast_object_list(box, src=0)
-    if box[0] is not None:
-        raise CheckpointError(box[0])
-    return box[1]
+    if isinstance(box[0], CheckpointError):
+        raise box[0]
+    return box[0]
 
 
 def save_run(cfg, net, optimizer, sampler, epoch, history, world):
