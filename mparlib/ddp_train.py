@@ -162,7 +162,7 @@ def train_worker(cfg):
 def _setup(cfg, rank, world, device):
     """Data, model, optimizer and (with ``resume``) the checkpoint's state: everything an epoch needs."""
     ckpt = shared_checkpoint(cfg)
-    run = types.SimpleNamespace(per_rank=cfg.batch_size // world, device=device, rank=rank, world=world,
+    run = types.SimpleNamespace(per_rank=cfg.batch_size // world, device=device, rank=rank,
                                 start_epoch=0, history=[], loss_fn=nn.CrossEntropyLoss(), timer=Timer(device))
     # Data: every rank holds the (small) data set; the sampler gives each rank its own shard of every epoch.
     n_train, n_test = cfg.subset or (None, None)
