@@ -1,4 +1,5 @@
-"""mparlib.ddp: DDP on CPU processes (gloo) matches one process, resumes exactly, runs as two "nodes", fails clearly.
+"""mparlib.ddp and ddp_train: DDP on CPU processes (gloo) matches one process, resumes exactly, runs as two "nodes",
+fails clearly, and leaves the process that ran it as it was.
 
 Every run here is tiny (an MLP, a few hundred Fashion-MNIST images, 2 processes with one thread each): what is
 tested is the arithmetic and the plumbing, not the speed.
@@ -15,11 +16,15 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import make_child_env
 from launch_workers import one_step
-from mparlib import ddp, launch, rendezvous
+from mparlib import ddp, launch, rendezvous, throughput
 from mparlib.checkpoint import load_checkpoint
-from mparlib.data import locate, read_split
-from mparlib.errors import LaunchError, TrainingDiverged, WorkerFailed
+from mparlib.data import read_split
+from mparlib.ddp_train import DDPConfig, check_run, make_model, train_worker
+from mparlib.errors import CheckpointError, ConfigError, LaunchError, OutputLocked, TrainingDiverged, WorkerFailed
+from mparlib.runfolder import lock_folder, read_checkpoint
+from mparlib.sources import locate
 
 PY = sys.executable
 TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
@@ -28,20 +33,6 @@ TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
 RUN = dict(model="mlp", epochs=2, batch_size=32, lr=0.2, momentum=0.9, subset=(192, 48), seed=3, plot=False)
 CLI = ["--model", "mlp", "--epochs", "2", "--batch-size", "32", "--lr", "0.2", "--momentum", "0.9",
        "--subset", "192,48", "--seed", "3", "--no-plot"]
-
-
-@pytest.fixture(autouse=True)
-def english(monkeypatch):
-    """Messages are checked in English (the course's other language is tested by the Japanese notebook)."""
-    monkeypatch.setenv("MPARLIB_LANG", "en")
-
-
-def env1():
-    """The environment for child programs: one thread each, no rendezvous variables inherited."""
-    env = {k: v for k, v in os.environ.items() if k not in launch.RENDEZVOUS_VARS + ("LOCAL_RANK", "TORCHELASTIC_RUN_ID")}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).parents[1]), env.get("PYTHONPATH")]))
-    env.update(OMP_NUM_THREADS="1", MPARLIB_QUIET="1", MPARLIB_LANG="en")
-    return env
 
 
 def params_of(checkpoint):
@@ -60,7 +51,7 @@ def reference_training(model, epochs, batch_size, lr, momentum, subset, seed, **
     x = images[: subset[0]].unsqueeze(1).float() / 255  # (N, 1, 28, 28)
     y = labels[: subset[0]]
     torch.manual_seed(seed)
-    net = ddp.make_model(model)
+    net = make_model(model)
     opt = torch.optim.SGD(net.parameters(), lr=lr, momentum=momentum)
     for epoch in range(epochs):
         order = torch.randperm(len(y), generator=torch.Generator().manual_seed(seed + epoch))
@@ -76,7 +67,7 @@ def reference_training(model, epochs, batch_size, lr, momentum, subset, seed, **
 def uninterrupted(tmp_path_factory):
     """One uninterrupted 2-process run through the command line (`python -m mparlib.ddp --nproc 2`)."""
     out = tmp_path_factory.mktemp("uninterrupted")
-    proc = subprocess.run([PY, "-m", "mparlib.ddp", "--nproc", "2", *CLI, "--out", str(out)], env=env1(),
+    proc = subprocess.run([PY, "-m", "mparlib.ddp", "--nproc", "2", *CLI, "--out", str(out)], env=make_child_env(),
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return out, proc.stdout
@@ -90,7 +81,7 @@ def test_one_ddp_step_on_batch_halves_equals_one_full_batch_step():
     got = launch.launch(one_step, 2, args=(x, y), kwargs=dict(lr=0.5, seed=0), echo=False)
 
     torch.manual_seed(0)
-    net = ddp.make_model("mlp")
+    net = make_model("mlp")
     before = {k: v.clone() for k, v in net.state_dict().items()}
     opt = torch.optim.SGD(net.parameters(), lr=0.5)
     torch.nn.functional.cross_entropy(net(x), y).backward()
@@ -107,7 +98,7 @@ def test_two_process_run_equals_one_process_training(uninterrupted):
     assert [h["epoch"] for h in ckpt["history"]] == [1, 2]
     assert stdout.count("epoch ") == 2 and "global batch 32 = 2 x 16" in stdout  # rank 0 alone logs
     assert max_diff(ckpt["model"], reference_training(**RUN)) < 1e-6
-    plain = ddp.make_model("mlp")  # chapter 2's loader takes the checkpoint into a plain model
+    plain = make_model("mlp")  # chapter 2's loader takes the checkpoint into a plain model
     assert load_checkpoint(plain, out / "checkpoint.pt")["epoch"] == 2
     assert max_diff(plain.state_dict(), ckpt["model"]) == 0
 
@@ -116,14 +107,14 @@ def test_two_process_run_equals_one_process_training(uninterrupted):
 
 @pytest.mark.slow
 def test_resume_after_a_kill_reaches_the_uninterrupted_parameters(uninterrupted, tmp_path):
-    cfg = ddp.DDPConfig(**RUN, out=str(tmp_path), crash_at=(2, 3))  # SIGKILL in the middle of epoch 2
+    cfg = DDPConfig(**RUN, out=str(tmp_path), crash_at=(2, 3))  # SIGKILL in the middle of epoch 2
     with pytest.raises(WorkerFailed, match="rank 0 was killed by signal SIGKILL"):
-        launch.launch(ddp.train_worker, 2, args=(cfg,), echo=False)
+        launch.launch(train_worker, 2, args=(cfg,), echo=False)
     saved = torch.load(tmp_path / "checkpoint.pt", map_location="cpu", weights_only=True)
     assert saved["epoch"] == 1  # epoch 1 survived; only epoch 2's progress is lost
     assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
 
-    result = launch.launch(ddp.train_worker, 2, args=(ddp.DDPConfig(**RUN, out=str(tmp_path), resume=True),), echo=False)
+    result = launch.launch(train_worker, 2, args=(DDPConfig(**RUN, out=str(tmp_path), resume=True),), echo=False)
     assert [h["epoch"] for h in result["history"]] == [1, 2]
     assert max_diff(params_of(tmp_path / "checkpoint.pt"), params_of(uninterrupted[0] / "checkpoint.pt")) < 1e-7
 
@@ -145,7 +136,7 @@ def _run_nodes(commands, tmp_path, deadline=180.0, after_failure=10.0):
     time, so the test ends it. Returns ``(return codes, outputs)``.
     """
     logs = [open(tmp_path / f"node{i}.log", "w+") for i in range(len(commands))]
-    nodes = [subprocess.Popen(c, env=env1(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    nodes = [subprocess.Popen(c, env=make_child_env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
              for c, log in zip(commands, logs)]
     end, stop_at = time.monotonic() + deadline, None
     try:
@@ -168,7 +159,7 @@ def _run_nodes(commands, tmp_path, deadline=180.0, after_failure=10.0):
 
 @pytest.mark.slow
 def test_two_torchrun_nodes_on_localhost_complete_a_run(tmp_path):
-    port = launch.free_port()
+    port = rendezvous.free_port()
     out = tmp_path / "run"
     common = [TORCHRUN, "--nnodes=2", "--nproc_per_node=1", "--rdzv-backend=c10d",
               f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=test-two-nodes", "-m", "mparlib.ddp",
@@ -186,10 +177,10 @@ def test_two_torchrun_nodes_on_localhost_complete_a_run(tmp_path):
 # ------------------------------------------------------------------------------------------------ bad input
 
 def test_missing_rendezvous_variables(monkeypatch, capsys):
-    for k in launch.RENDEZVOUS_VARS + ("TORCHELASTIC_RUN_ID",):
+    for k in rendezvous.RENDEZVOUS_VARS + ("TORCHELASTIC_RUN_ID",):
         monkeypatch.delenv(k, raising=False)
     with pytest.raises(LaunchError, match="RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT are not set"):
-        with launch.process_group():
+        with rendezvous.process_group():
             pass
     assert ddp.main(["--model", "mlp"]) == 2
     err = capsys.readouterr().err
@@ -199,9 +190,9 @@ def test_missing_rendezvous_variables(monkeypatch, capsys):
 def test_nccl_needs_one_gpu_per_process(monkeypatch):
     monkeypatch.setattr(rendezvous, "num_gpus", lambda: 2)
     with pytest.raises(LaunchError, match="3 processes .* 2 GPU\\(s\\) .*--nproc 2"):
-        launch.check_gpus("nccl", 3)
-    launch.check_gpus("nccl", 2)
-    launch.check_gpus("gloo", 8)  # gloo runs processes on the CPU: any number
+        rendezvous.check_gpus("nccl", 3)
+    rendezvous.check_gpus("nccl", 2)
+    rendezvous.check_gpus("gloo", 8)  # gloo runs processes on the CPU: any number
     monkeypatch.setattr(rendezvous, "num_gpus", lambda: 0)
     with pytest.raises(LaunchError, match="nccl backend needs CUDA GPUs"):
         launch.launch(one_step, 2, backend="nccl")
@@ -256,14 +247,11 @@ def test_sync_batchnorm_on_cpu_is_refused(tmp_path, capsys):
     assert "SyncBatchNorm, which works only on GPUs" in capsys.readouterr().err
 
 
-
-
-
 # ------------------------------------------------------------------------------------------------ reliability
 
 @pytest.mark.parametrize("option, value, match", [
-    ("--lr", "nan", "lr=nan: use a positive number"), ("--lr", "inf", "lr=inf"), ("--lr", "0", "lr=0.0"),
-    ("--momentum", "-1", "momentum=-1.0"), ("--epochs", "0", "epochs=0"), ("--nproc", "0", "--nproc 0"),
+    ("--lr", "nan", "lr=nan: use a positive, finite number"), ("--lr", "inf", "lr=inf"), ("--lr", "0", "lr=0.0"),
+    ("--momentum", "-1", "momentum=-1.0"), ("--epochs", "0", "epochs=0"), ("--nproc", "0", "--nproc=0"),
 ])
 def test_settings_that_cannot_work_are_refused_before_starting(tmp_path, capsys, option, value, match):
     argv = ["--nproc", "2", *CLI, "--out", str(tmp_path)]
@@ -278,22 +266,22 @@ def test_settings_that_cannot_work_are_refused_before_starting(tmp_path, capsys,
 
 
 def test_too_many_processes_for_the_cpu_are_refused(tmp_path, capsys):
-    many = launch._max_cpu_processes() + 1
+    many = 4 * (os.cpu_count() or 1) + 9  # more than the launcher's limit: 4 per core, at least 8
     assert ddp.main(["--nproc", str(many), *CLI, "--batch-size", str(many), "--subset", f"{many * 4},{many}",
                      "--out", str(tmp_path)]) == 2
     assert f"{many} processes on" in capsys.readouterr().err
 
 
 def test_a_diverging_run_stops_at_the_first_bad_epoch_and_keeps_the_last_good_checkpoint(tmp_path):
-    launch.launch(ddp.train_worker, 2, args=(ddp.DDPConfig(**{**RUN, "epochs": 1}, out=str(tmp_path)),), echo=False)
+    launch.launch(train_worker, 2, args=(DDPConfig(**{**RUN, "epochs": 1}, out=str(tmp_path)),), echo=False)
     ckpt = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
     for group in ckpt["optimizer"]["param_groups"]:  # resuming restores the optimizer: make its step size explode
         group["lr"] = 1e38
     torch.save(ckpt, tmp_path / "checkpoint.pt")
     patched = (tmp_path / "checkpoint.pt").read_bytes()
-    cfg = ddp.DDPConfig(**{**RUN, "epochs": 2}, out=str(tmp_path), resume=True)
+    cfg = DDPConfig(**{**RUN, "epochs": 2}, out=str(tmp_path), resume=True)
     with pytest.raises(TrainingDiverged, match=r"NaN or infinite at epoch 2, step \d+: .*checkpoint of epoch 1 was kept"):
-        launch.launch(ddp.train_worker, 2, args=(cfg,), echo=False)
+        launch.launch(train_worker, 2, args=(cfg,), echo=False)
     assert (tmp_path / "checkpoint.pt").read_bytes() == patched  # epoch 1's checkpoint, not overwritten
 
 
@@ -323,14 +311,14 @@ def test_resume_from_another_programs_checkpoint_is_a_clear_error(tmp_path, caps
 def test_a_second_run_in_the_same_folder_is_refused_naming_the_first(tmp_path):
     busy = [*CLI, "--epochs", "200", "--subset", "6000,600"]  # long enough to be running when the second starts
     first = subprocess.Popen([PY, "-m", "mparlib.ddp", "--nproc", "2", *busy, "--out", str(tmp_path)],
-                             env=env1(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                             env=make_child_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline, lock = time.monotonic() + 120, tmp_path / ".mparlib.lock"
         while not (lock.exists() and str(first.pid) in lock.read_text()):  # held from the start of the run
             assert first.poll() is None and time.monotonic() < deadline, first.communicate()[0]
             time.sleep(0.1)
         second = subprocess.run([PY, "-m", "mparlib.ddp", "--nproc", "2", *CLI, "--out", str(tmp_path)],
-                                env=env1(), capture_output=True, text=True, timeout=120)
+                                env=make_child_env(), capture_output=True, text=True, timeout=120)
         assert second.returncode == 2, second.stdout + second.stderr
         assert "is in use by another run" in second.stderr and f"process {first.pid} " in second.stderr
         assert first.poll() is None  # the first run goes on undisturbed
@@ -341,31 +329,29 @@ def test_a_second_run_in_the_same_folder_is_refused_naming_the_first(tmp_path):
 
 # ------------------------------------------------------------------------------------------------ width
 
-def test_the_ddp_resnet18_takes_the_course_width():
+def test_the_ddp_resnet18_takes_the_course_width(tmp_path, capsys):
     from mparlib import models
-    from mparlib.errors import ConfigError
 
     torch.manual_seed(0)
-    narrow = ddp.make_model("resnet18", width=16)
+    narrow = make_model("resnet18", width=16)
     assert [tuple(p.shape) for p in narrow.parameters()] == [
         tuple(p.shape) for p in models.resnet18(10, width=16).parameters()]
-    assert ddp.DDPConfig().width == 64 and ddp._parser().parse_args(["--width", "16"]).width == 16
+    assert DDPConfig().width == 64
+    assert ddp.main(["--nproc", "2", "--model", "mlp", "--width", "16", "--out", str(tmp_path)]) == 2  # --width arrives
+    assert "width=16 applies to model='resnet18' only" in capsys.readouterr().err
     with pytest.raises(ConfigError, match="width=16 applies to model='resnet18' only"):
-        ddp.make_model("mlp", width=16)
+        make_model("mlp", width=16)
     with pytest.raises(ConfigError, match="width=16 applies to model='resnet18' only"):
-        ddp.check_run(ddp.DDPConfig(**{**RUN, "width": 16}), 2, "gloo")
-    with pytest.raises(ConfigError, match="width=0: use an int >= 1"):
-        ddp.check_run(ddp.DDPConfig(model="resnet18", width=0), 2, "gloo")
+        check_run(DDPConfig(**{**RUN, "width": 16}), 2, "gloo")
+    with pytest.raises(ConfigError, match="width=0: use a positive int"):
+        check_run(DDPConfig(model="resnet18", width=0), 2, "gloo")
 
 
 def test_resume_checks_the_width_and_reads_checkpoints_written_before_it_existed(uninterrupted, tmp_path):
-    from mparlib.errors import CheckpointError
-    from mparlib.resume import read_checkpoint
-
     ckpt = torch.load(uninterrupted[0] / "checkpoint.pt", map_location="cpu", weights_only=True)
     assert ckpt["config"]["width"] == 64
     torch.save({**ckpt, "config": {**ckpt["config"], "width": 16}}, tmp_path / "checkpoint.pt")
-    cfg = ddp.DDPConfig(**RUN, out=str(tmp_path), resume=True)
+    cfg = DDPConfig(**RUN, out=str(tmp_path), resume=True)
     with pytest.raises(CheckpointError, match="these differ: width: checkpoint 16, now 64"):
         read_checkpoint(cfg)
     older = {k: v for k, v in ckpt["config"].items() if k != "width"}  # a run from before the width setting
@@ -373,3 +359,46 @@ def test_resume_checks_the_width_and_reads_checkpoints_written_before_it_existed
     assert read_checkpoint(cfg)["epoch"] == 2
     with pytest.raises(CheckpointError, match="width: checkpoint 64, now 16"):
         read_checkpoint(dataclasses.replace(cfg, width=16))
+
+
+# ------------------------------------------------------------------------------------------------ one experiment
+
+def test_one_definition_of_the_chapter_experiment_for_the_notebook_and_the_command_line():
+    smoke, full = DDPConfig.for_profile("smoke", 2), DDPConfig.for_profile("full", 4)
+    assert (smoke.model, smoke.width, smoke.epochs, smoke.subset) == ("resnet18", 8, 2, (12000, 1000))
+    assert (smoke.batch_size, smoke.lr, smoke.momentum) == (32, 0.01, 0.9)  # 2 processes: 16 and 0.005 each
+    assert (full.width, full.epochs, full.subset, full.batch_size, full.lr, full.momentum) == (64, 10, None, 1024, 0.4, 0)
+    assert DDPConfig.for_profile("full", 1) == DDPConfig()  # the defaults are chapter 5's experiment on one process
+    assert DDPConfig.for_profile("full", 2, batch_size=64, out="x").batch_size == 64  # a change is taken as given
+    with pytest.raises(ConfigError, match="profile='tiny'"):
+        DDPConfig.for_profile("tiny", 2)
+
+
+# ------------------------------------------------------------------------------------------------ nothing left behind
+
+def test_main_leaves_no_handler_or_variable_behind_so_a_later_run_still_takes_the_lock(tmp_path, capsys):
+    handler, environ = signal.getsignal(signal.SIGTERM), dict(os.environ)
+    argv = ["--nproc", "2", "--model", "mlp", "--subset", "256,64", "--no-plot", "--out", str(tmp_path)]
+    assert ddp.main([*argv, "--epochs", "1"]) == 0, capsys.readouterr()
+    assert ddp.main([*argv, "--epochs", "2", "--resume"]) == 0, capsys.readouterr()
+    assert signal.getsignal(signal.SIGTERM) is handler
+    assert dict(os.environ) == environ
+    ckpt = torch.load(tmp_path / "checkpoint.pt", map_location="cpu", weights_only=True)
+    assert ckpt["epoch"] == 2 and (ckpt["config"]["batch_size"], ckpt["config"]["lr"]) == (512, 0.2)  # 2 x (256, 0.1)
+
+    later = DDPConfig.for_profile("full", 2, model="mlp", subset=(256, 64), epochs=3, resume=True, plot=False,
+                                  out=str(tmp_path))
+    with lock_folder(tmp_path, what="--out"):  # another holder: the later run must be refused, not slip in
+        with pytest.raises(OutputLocked, match="is in use by another run"):
+            launch.launch(train_worker, 2, args=(later,), echo=False)
+    assert torch.load(tmp_path / "checkpoint.pt", map_location="cpu", weights_only=True)["epoch"] == 2
+
+
+def test_throughput_does_not_reseed_the_global_random_state():
+    after = []
+    for seed in (1, 2):
+        torch.manual_seed(seed)
+        result = throughput.dataparallel("mlp", batch_size=4, steps=1, warmup=0, devices=[torch.device("cpu")])
+        after.append(torch.rand(1).item())
+        assert result["images_per_s"] > 0
+    assert after[0] != after[1]  # the state still comes from the seed chosen here
