@@ -18,13 +18,13 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from .checks import finite_float, one_of, positive_int
-from .data import COUNTS, read_split, to_float
+from .data import to_float
 from .errors import ConfigError, TrainingDiverged
 from .lang import tr
 from .models import init_weights, resnet18
 from .rendezvous import device as rank_device
 from .runfolder import checkpoint_path, lock_folder, save_run, shared_checkpoint
-from .sources import locate
+from .sources import COUNTS, locate, read_split
 from .step import train_step
 from .timing import Timer
 

@@ -212,8 +212,8 @@ def fsdp_memory_worker(size="small", batch=8, steps=3, warmup=1, lr=1e-3, reshar
     """Train a ViT with FSDP2 for a few steps; per-rank bytes, step times, collectives. Explained in 09_sharding.
 
     Every block and then the root are wrapped with ``fully_shard``; Adam. The bytes are counted after the last
-    step, before the gradients are dropped (the moment a rank holds the most). Each rank trains on its own
-    random batch of ``batch`` images: the memory and the time per step do not depend on the pixels. Returns, on
+    step, before the gradients are dropped (what a rank holds after the step, not its peak during it). Each rank
+    trains on its own random batch of ``batch`` images: the memory and the time per step do not depend on the pixels. Returns, on
     every rank, a dict with ``bytes_per_rank`` (the largest rank's count of each part), ``per_rank`` (each rank's;
     on a GPU also ``cuda_max_allocated``), ``step_s`` (each timed step, slowest rank) and the collectives of a step.
     """

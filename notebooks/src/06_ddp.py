@@ -40,11 +40,12 @@ from IPython.display import Image, Markdown, display
 from torch.utils.data import DistributedSampler
 
 import mparlib
-from mparlib import ddp, diagrams, throughput
+from mparlib import ddp_train, diagrams, throughput
 from mparlib.data import to_float
 from mparlib.errors import WorkerFailed
 from mparlib.lang import tr
-from mparlib.launch import choose_backend, describe, launch, process_group
+from mparlib.launch import launch
+from mparlib.rendezvous import choose_backend, describe, process_group
 from mparlib.plot import figure_png
 
 # %load_ext mparlib.launch
@@ -101,17 +102,17 @@ display(Image(figure_png(diagrams.ddp_overview())))
 # Three words name the processes. The **world size** is the number of processes; each has a **rank** from 0 to
 # world size - 1; on a machine with several processes, the **local rank** numbers them on that machine and picks
 # the GPU (`cuda:<local rank>`). Together the processes form a **process group**, and the **backend** carries
-# their messages: `nccl` between GPUs, `gloo` between CPU processes. `mparlib.launch.choose_backend("auto", n)` takes `nccl`
+# their messages: `nccl` between GPUs, `gloo` between CPU processes. `mparlib.rendezvous.choose_backend("auto", n)` takes `nccl`
 # when there is a GPU for each of the `n` processes and `gloo` otherwise.
 #
 # Before they can talk, the processes must find each other: the **rendezvous**. Each process reads its rank and
 # the world size from the environment variables `RANK` and `WORLD_SIZE`, and meets the others at
 # `MASTER_ADDR:MASTER_PORT`, where rank 0 listens. The program `torchrun` sets these variables for every process
-# it starts. A process started without them does not know who it is, and `mparlib.launch.process_group()` says so:
+# it starts. A process started without them does not know who it is, and `mparlib.rendezvous.process_group()` says so:
 # <!-- ja -->
-# プロセスを区別するための用語が 3つあります。**ワールドサイズ**はプロセスの総数です。各プロセスは 0 からワールドサイズ - 1 までの**ランク**を持ちます。1台のマシンで複数のプロセスを動かすときは、そのマシンの中での番号である**ローカルランク**で使う GPU（`cuda:<ローカルランク>`）を決めます。プロセス全体で**プロセスグループ**を作り、プロセス間のメッセージは**バックエンド**が運びます。GPU 間なら `nccl`、CPU のプロセス間なら `gloo` です。`mparlib.launch.choose_backend("auto", n)` は `n` 個のプロセスそれぞれに GPU があれば `nccl` を、なければ `gloo` を選びます。
+# プロセスを区別するための用語が 3つあります。**ワールドサイズ**はプロセスの総数です。各プロセスは 0 からワールドサイズ - 1 までの**ランク**を持ちます。1台のマシンで複数のプロセスを動かすときは、そのマシンの中での番号である**ローカルランク**で使う GPU（`cuda:<ローカルランク>`）を決めます。プロセス全体で**プロセスグループ**を作り、プロセス間のメッセージは**バックエンド**が運びます。GPU 間なら `nccl`、CPU のプロセス間なら `gloo` です。`mparlib.rendezvous.choose_backend("auto", n)` は `n` 個のプロセスそれぞれに GPU があれば `nccl` を、なければ `gloo` を選びます。
 #
-# 通信を始める前に、プロセスどうしが互いを見つける必要があります。これを**ランデブー**と呼びます。各プロセスは環境変数 `RANK` と `WORLD_SIZE` から自分のランクとワールドサイズを読み、ランク 0 が待ち受ける `MASTER_ADDR:MASTER_PORT` で他のプロセスと落ち合います。`torchrun` は起動するすべてのプロセスにこれらの変数を設定します。変数なしで起動したプロセスは自分が誰なのかわからないので、`mparlib.launch.process_group()` はそのことをエラーで伝えます。
+# 通信を始める前に、プロセスどうしが互いを見つける必要があります。これを**ランデブー**と呼びます。各プロセスは環境変数 `RANK` と `WORLD_SIZE` から自分のランクとワールドサイズを読み、ランク 0 が待ち受ける `MASTER_ADDR:MASTER_PORT` で他のプロセスと落ち合います。`torchrun` は起動するすべてのプロセスにこれらの変数を設定します。変数なしで起動したプロセスは自分が誰なのかわからないので、`mparlib.rendezvous.process_group()` はそのことをエラーで伝えます。
 
 # %%
 print(choose_backend("auto", 2) == ("nccl" if mparlib.num_gpus() >= 2 else "gloo"))
@@ -196,13 +197,13 @@ print(shares)
 # dist.destroy_process_group()
 # ```
 #
-# `mparlib.ddp.train_worker` is this loop plus the metrics, the evaluation and the checkpoints; its source is
+# `mparlib.ddp_train.train_worker` is this loop plus the metrics, the evaluation and the checkpoints; its source is
 # short enough to read. It runs the chapter-5 experiment in three ways:
 #
 # - `torchrun --nproc_per_node=2 -m mparlib.ddp --epochs 10` in a terminal: torchrun starts the processes and
 #   sets the variables (`--nproc_per_node` = number of GPUs with `nccl`),
 # - `python -m mparlib.ddp --nproc 2 --epochs 10`: the module starts the processes itself,
-# - `launch(ddp.train_worker, 2, args=(config,))` from Python, which is what this notebook does.
+# - `launch(ddp_train.train_worker, 2, args=(config,))` from Python, which is what this notebook does.
 #
 # `python -m mparlib.ddp --help` lists the options (batch size, learning rate, `--sync-bn`, `--resume`, ...).
 #
@@ -210,11 +211,11 @@ print(shares)
 #
 # | where | what it does |
 # |---|---|
-# | `mparlib.ddp.check_run` | refuses settings that cannot work (a global batch that does not split evenly, a rank without data, `lr=nan`) before any process starts |
+# | `mparlib.ddp_train.check_run` | refuses settings that cannot work (a global batch that does not split evenly, a rank without data, `lr=nan`) before any process starts |
 # | `mparlib.rendezvous.rendezvous_env`, `check_port`, `free_port`, `check_gpus` | read torchrun's variables, check that the rendezvous port is free, and that nccl has a GPU per process |
-# | `mparlib.locks.lock_folder` (a `FolderLock`) | one run per `--out` folder: a second run is refused with the name of the first |
-# | `mparlib.resume.save_run`, `checkpoint_path`, `sampler_state` | rank 0's atomic checkpoint after every epoch, with what resuming needs |
-# | `mparlib.resume.read_checkpoint`, `shared_checkpoint` | for `--resume`: rank 0 reads and checks the file, then sends it to every rank |
+# | `mparlib.runfolder.lock_folder` (a `with` block) | one run per `--out` folder: a second run is refused with the name of the first |
+# | `mparlib.runfolder.save_run`, `checkpoint_path`, `sampler_state` | rank 0's atomic checkpoint after every epoch, with what resuming needs |
+# | `mparlib.runfolder.read_checkpoint`, `shared_checkpoint` | for `--resume`: rank 0 reads and checks the file, then sends it to every rank |
 #
 # The training loop also watches the loss: at the first NaN or infinite loss the run stops with
 # `TrainingDiverged`, naming the epoch and step, and the last good checkpoint stays.
@@ -240,11 +241,11 @@ print(shares)
 # dist.destroy_process_group()
 # ```
 #
-# `mparlib.ddp.train_worker` は、このループに評価指標の集計、テスト精度の評価、チェックポイントを加えたものです。ソースは短いので読んでみてください。5章の実験は次の 3通りの方法で実行できます。
+# `mparlib.ddp_train.train_worker` は、このループに評価指標の集計、テスト精度の評価、チェックポイントを加えたものです。ソースは短いので読んでみてください。5章の実験は次の 3通りの方法で実行できます。
 #
 # - ターミナルで `torchrun --nproc_per_node=2 -m mparlib.ddp --epochs 10`: torchrun がプロセスを起動し、環境変数を設定します（`nccl` では `--nproc_per_node` を GPU の枚数にします）。
 # - `python -m mparlib.ddp --nproc 2 --epochs 10`: モジュール自身がプロセスを起動します。
-# - Python から `launch(ddp.train_worker, 2, args=(config,))`: このノートブックではこの方法を使います。
+# - Python から `launch(ddp_train.train_worker, 2, args=(config,))`: このノートブックではこの方法を使います。
 #
 # オプション（バッチサイズ、学習率、`--sync-bn`、`--resume` など）の一覧は `python -m mparlib.ddp --help` で表示できます。
 #
@@ -252,11 +253,11 @@ print(shares)
 #
 # | 場所 | 役割 |
 # |---|---|
-# | `mparlib.ddp.check_run` | 動かない設定（プロセス数で割り切れない全体のバッチサイズ、データのないランク、`lr=nan` など）を、プロセスを起動する前に拒否する |
+# | `mparlib.ddp_train.check_run` | 動かない設定（プロセス数で割り切れない全体のバッチサイズ、データのないランク、`lr=nan` など）を、プロセスを起動する前に拒否する |
 # | `mparlib.rendezvous.rendezvous_env`、`check_port`、`free_port`、`check_gpus` | torchrun の環境変数を読み、ランデブーのポートが空いていること、nccl ならプロセスごとに GPU があることを確かめる |
-# | `mparlib.locks.lock_folder`（`FolderLock`） | 1つの `--out` フォルダには 1つの訓練だけ。2つ目の訓練は 1つ目の名前を添えて拒否する |
-# | `mparlib.resume.save_run`、`checkpoint_path`、`sampler_state` | エポックごとにランク 0 がアトミックに書くチェックポイントと、再開に必要な情報 |
-# | `mparlib.resume.read_checkpoint`、`shared_checkpoint` | `--resume` のとき、ランク 0 がファイルを読んで確かめ、全ランクに送る |
+# | `mparlib.runfolder.lock_folder`（`with` で使います） | 1つの `--out` フォルダには 1つの訓練だけ。2つ目の訓練は 1つ目の名前を添えて拒否する |
+# | `mparlib.runfolder.save_run`、`checkpoint_path`、`sampler_state` | エポックごとにランク 0 がアトミックに書くチェックポイントと、再開に必要な情報 |
+# | `mparlib.runfolder.read_checkpoint`、`shared_checkpoint` | `--resume` のとき、ランク 0 がファイルを読んで確かめ、全ランクに送る |
 #
 # 訓練ループは損失も見張っています。損失が初めて NaN か無限大になった時点で、エポックとステップを示す `TrainingDiverged` で訓練を止め、最後の正常なチェックポイントを残します。
 
@@ -311,7 +312,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from mparlib.ddp import make_model
+from mparlib.ddp_train import make_model
 from mparlib.lang import tr
 
 
@@ -363,11 +364,11 @@ print(launch(hello, 2))
 # したがって、2個のプロセスでミニバッチを半分ずつ使って 1ステップ進めた DDP のパラメータは、1個のプロセスでミニバッチ全体を使って 1ステップ進めたパラメータと一致するはずです。この確認には、バッチ正規化を含まない小さなネットワークを使います。バッチ正規化は、そのプロセスが見るデータだけで統計量を計算するため、DDP では出力がデータの分け方に依存するからです（GPU では `--sync-bn` を指定すると `SyncBatchNorm` に置き換わり、全体のバッチで統計量を計算します）。上のワーカー `one_step` は同じシードからモデルを作り、ランク `r` の担当する半分で SGD を 1ステップ進めます。
 
 # %% tags=["nbval-ignore-output"]
-images, labels = ddp.load_split_tensors("train", 16)
+images, labels = ddp_train.load_split_tensors("train", 16)
 X, y = to_float(images), labels  # (16, 1, 28, 28), (16,)
 
 torch.manual_seed(0)
-net = ddp.make_model("mlp")  # Flatten, Linear(784, 64), ReLU, Linear(64, 10)
+net = ddp_train.make_model("mlp")  # Flatten, Linear(784, 64), ReLU, Linear(64, 10)
 before = {k: v.clone() for k, v in net.state_dict().items()}
 optimizer = torch.optim.SGD(net.parameters(), lr=0.5)
 torch.nn.functional.cross_entropy(net(X), y).backward()
@@ -417,14 +418,9 @@ assert moved > 1e-3  # the step really moved the parameters, so the match is not
 # ランク 0 はエポックが終わるたびに**チェックポイント**を書き出します。中身はモデル、オプティマイザの状態、終わったエポック数、サンプラーのシードとエポック、そして履歴です。いったん一時ファイルに書いてから名前を変える（`os.replace`）ので、書き込み中に落ちても直前のチェックポイントは壊れません。その効果を確かめるため、最初の実行では最後のエポックの 1ステップ目でランク 0 を強制終了します（停電やメモリ不足でプロセスが強制終了されたときと同じ `SIGKILL` を使います）。グラフはランク 0 が描き、エポックが終わるたびにセルの中で更新されます。
 
 # %% tags=["nbval-ignore-output"]
-if PROFILE == "smoke":  # a narrow ResNet-18 on 12,000 images: a minute of two CPU processes
-    nproc = 2
-    settings = dict(width=8, epochs=2, batch_size=32, lr=0.01, momentum=0.9, subset=(12000, 1000))
-else:  # chapter 5's experiment: d2l's ResNet-18, plain SGD, batch 256 and learning rate 0.1 per GPU
-    nproc = mparlib.num_gpus() or 2
-    settings = dict(width=64, epochs=10, batch_size=256 * nproc, lr=0.1 * nproc, momentum=0.0, subset=None)
+nproc = 2 if PROFILE == "smoke" else (mparlib.num_gpus() or 2)  # smoke: two CPU processes
 workdir = tempfile.TemporaryDirectory(prefix="mparlib-06-")
-config = ddp.DDPConfig(model="resnet18", out=workdir.name, **settings)
+config = ddp_train.DDPConfig.for_profile(PROFILE, nproc, out=workdir.name)  # chapter 06's experiment, one definition
 plot = Path(workdir.name) / "plot.png"  # rank 0's Animator writes it; launch(show=plot) displays it here
 print(tr(f"{nproc} processes, backend {choose_backend('auto', nproc)}, ResNet-18 of width {config.width}, global "
          f"batch {config.batch_size} ({config.batch_size // nproc} per process), learning rate {config.lr:g}, "
@@ -437,7 +433,7 @@ print(describe(nproc))
 # %% tags=["nbval-ignore-output"]
 crash = dataclasses.replace(config, crash_at=(config.epochs, 1))  # rank 0 dies at step 1 of the last epoch
 try:
-    launch(ddp.train_worker, nproc, args=(crash,), show=plot)
+    launch(ddp_train.train_worker, nproc, args=(crash,), show=plot)
 except WorkerFailed as e:
     print(e.cause)  # which rank failed first, and how
     print("    " + str(e).splitlines()[-1])  # the last line of its log, written just before it died
@@ -457,7 +453,7 @@ assert saved["epoch"] == config.epochs - 1 and saved["sampler"]["epoch"] == conf
 # 失われたのは最後のエポックの進み具合だけです。再開（コマンドラインでは `--resume`）ではチェックポイントを読み込みます。ランク 0 がファイルを読んで他のプロセスへブロードキャストし、各プロセスがモデルとオプティマイザの状態を復元し、サンプラーは次のエポックの順序から続けます。再開した訓練は、一度も中断しなかった訓練と同じパラメータに到達します（`tests/test_ddp.py` で確かめています）。
 
 # %% tags=["nbval-ignore-output"]
-result = launch(ddp.train_worker, nproc, args=(dataclasses.replace(config, resume=True),), show=plot)
+result = launch(ddp_train.train_worker, nproc, args=(dataclasses.replace(config, resume=True),), show=plot)
 
 # %%
 history = result["history"]
@@ -480,7 +476,7 @@ assert history[-1]["test_acc"] >= (0.85 if PROFILE == "full" else 0.75), [h["tes
 # %%
 from mparlib.checkpoint import load_checkpoint
 
-plain = ddp.make_model("resnet18", config.width)
+plain = ddp_train.make_model("resnet18", config.width)
 extra = load_checkpoint(plain, Path(workdir.name) / "checkpoint.pt")
 print(sorted(extra))
 assert extra["epoch"] == config.epochs and extra["sampler"]["epoch"] == config.epochs

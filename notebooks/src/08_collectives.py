@@ -42,10 +42,11 @@ from IPython.display import Image, display
 from matplotlib.figure import Figure
 
 import mparlib
-from mparlib import collectives
+from mparlib import collectives, diagrams
 from mparlib.errors import WorkerFailed
 from mparlib.lang import tr
-from mparlib.launch import choose_backend, describe, launch
+from mparlib.launch import launch
+from mparlib.rendezvous import choose_backend, describe
 from mparlib.plot import figure_png, use_course_style
 
 # %load_ext mparlib.launch
@@ -115,7 +116,7 @@ print(describe(2))
 # 表の名前は、この章のコードが呼び出している名前です。torch 2.13 でこのうち 2つの名前が変わり、`reduce_scatter_tensor` は `reduce_scatter_single` に、`all_gather_into_tensor` は `all_gather_single` になりました。古い名前を使うと、非推奨であることを知らせる警告（`FutureWarning`）が出ます。torch 2.11 以前のリリースには古い名前しかないので、下の `tour` はどのリリースにもある古い名前を使います。警告はランクのログに出ますが、`echo=False` なのでノートブックには表示されません。9章のワーカーは、新しい名前があればそれを使い、なければ古い名前を使います。
 
 # %%
-display(Image(figure_png(collectives.collectives_figure(4))))
+display(Image(figure_png(diagrams.collectives_figure(4))))
 
 # %% [markdown]
 # <!-- en -->
@@ -142,7 +143,7 @@ import torch
 import torch.distributed as dist
 
 from mparlib.collectives import ring_all_reduce
-from mparlib.launch import device
+from mparlib.rendezvous import device
 
 
 def tour():
@@ -309,7 +310,7 @@ for i, step in enumerate(collectives.ring_schedule(10, 4), 1):
 # 次の図は 4個のランクのリングを追ったものです。各ランクが 4つのチャンクの行で、チャンクの中の数字はそこに足し込まれたランクを表し、赤枠はそのステップで届いたチャンクです（`collectives.ring_contents(4)` が何も送らずにスケジュールをたどり、図はその結果を描いています）。3ステップ目が終わると、各ランクは完成したチャンク（`0123`）を 1つずつ持ち、オールギャザーがそれを配って回ります。
 
 # %%
-display(Image(figure_png(collectives.ring_figure(4))))
+display(Image(figure_png(diagrams.ring_figure(4))))
 
 # %% [markdown]
 # <!-- en -->
@@ -317,16 +318,18 @@ display(Image(figure_png(collectives.ring_figure(4))))
 # blocking `send`, each would wait for a neighbour that is itself still sending, and with large messages nobody
 # would ever receive. `dist.batch_isend_irecv` posts both messages of a step together (with nccl, as one group), and
 # the rank waits for both before it adds. The received chunk lands in a separate buffer, `incoming`: in the
-# reduce-scatter phase it must be added to the rank's own copy of that chunk, not written over it. That buffer is
-# kept from one call to the next (`_receive_buffer`): memory that was never written costs the operating system a page
-# fault per page on its first write, so a receive into a fresh buffer is expected to be slower than one into a used
-# buffer, which is why communication libraries keep their buffers too. Finally, a chunk larger than `PIECE_BYTES`
-# (4 MiB) travels as several messages posted in the same step. No cell of this chapter times these two choices: they
+# reduce-scatter phase it must be added to the rank's own copy of that chunk, not written over it. A caller that
+# all-reduces again and again keeps that buffer from one call to the next: it passes the same dict as `buffers=` each
+# time (`bandwidth_worker` below does), and the buffer stays in it; without one, the buffer lives for the call only.
+# Memory that was never written costs the operating system a page fault per page on its first write, so a receive
+# into a fresh buffer is expected to be slower than one into a used buffer, which is why communication libraries keep
+# their buffers too. Finally, a chunk larger than `piece_bytes` (by default `PIECE_BYTES`, 4 MiB) travels as several
+# messages posted in the same step. No cell of this chapter times these two choices: they
 # were made by timing the function on a 2-core CPU while it was written. The ring's times next to `dist.all_reduce`
 # are measured in the next section, and `benchmarks/collectives.py` saves them in
 # `benchmarks/results/collectives-*.json`.
 # <!-- ja -->
-# 関数の中身は次のとおりです。各ステップで、ランクは送信と受信を同時に行う必要があります。もし全ランクがまずブロッキングの `send` を呼ぶと、各ランクは、自分もまだ送信中の隣を待つことになり、メッセージが大きいと誰も受け取れなくなります。`dist.batch_isend_irecv` は 1ステップの 2つのメッセージをまとめて開始し（nccl では 1つのグループとして）、ランクは両方が終わるのを待ってから足し算をします。受け取ったチャンクは別のバッファ `incoming` に入れます。リデュース・スキャッターの段階では、受け取ったチャンクを自分の同じチャンクに足す必要があり、上書きしてはいけないからです。このバッファは呼び出しをまたいで使い回します（`_receive_buffer`）。一度も書き込まれていないメモリには、最初の書き込みのときにページごとにページフォールトが起きるので、新しく確保したバッファへの受信は、使用済みのバッファへの受信より遅くなると考えられます。通信ライブラリがバッファを使い回すのも同じ理由です。最後に、`PIECE_BYTES`（4 MiB）より大きなチャンクは、同じステップの中でまとめて開始する複数のメッセージに分けて送ります。この 2つの工夫の効果を測るセルは、この章にはありません。どちらも、関数を書いたときに CPU 2コアのマシンで時間を測って決めたものです。リングと `dist.all_reduce` の時間は次の節で測ります。`benchmarks/collectives.py` はそれを `benchmarks/results/collectives-*.json` に保存しています。
+# 関数の中身は次のとおりです。各ステップで、ランクは送信と受信を同時に行う必要があります。もし全ランクがまずブロッキングの `send` を呼ぶと、各ランクは、自分もまだ送信中の隣を待つことになり、メッセージが大きいと誰も受け取れなくなります。`dist.batch_isend_irecv` は 1ステップの 2つのメッセージをまとめて開始し（nccl では 1つのグループとして）、ランクは両方が終わるのを待ってから足し算をします。受け取ったチャンクは別のバッファ `incoming` に入れます。リデュース・スキャッターの段階では、受け取ったチャンクを自分の同じチャンクに足す必要があり、上書きしてはいけないからです。何度もオールリデュースする呼び出し側は、このバッファを呼び出しをまたいで使い回せます。毎回同じ dict を `buffers=` に渡すと（下の `bandwidth_worker` がそうしています）、バッファはその中に残ります。渡さなければ、バッファはその呼び出しの間だけ存在します。一度も書き込まれていないメモリには、最初の書き込みのときにページごとにページフォールトが起きるので、新しく確保したバッファへの受信は、使用済みのバッファへの受信より遅くなると考えられます。通信ライブラリがバッファを使い回すのも同じ理由です。最後に、`piece_bytes`（既定では `PIECE_BYTES`、4 MiB）より大きなチャンクは、同じステップの中でまとめて開始する複数のメッセージに分けて送ります。この 2つの工夫の効果を測るセルは、この章にはありません。どちらも、関数を書いたときに CPU 2コアのマシンで時間を測って決めたものです。リングと `dist.all_reduce` の時間は次の節で測ります。`benchmarks/collectives.py` はそれを `benchmarks/results/collectives-*.json` に保存しています。
 
 # %%
 print(inspect.getsource(collectives.ring_all_reduce))
@@ -806,8 +809,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from mparlib.ddp import make_model
-from mparlib.launch import device
+from mparlib.ddp_train import make_model
+from mparlib.rendezvous import device
 from mparlib.timing import synchronize
 
 

@@ -52,10 +52,12 @@ from torch.autograd.graph import saved_tensors_hooks
 import mparlib
 from mparlib import sharding
 from mparlib.data import to_float
-from mparlib.ddp import load_split_tensors
+from mparlib.ddp_train import load_split_tensors
 from mparlib.errors import CheckpointError, WorkerFailed
+from mparlib.sharded_checkpoint import latest_checkpoint, load_sharded
 from mparlib.lang import tr
-from mparlib.launch import describe, launch
+from mparlib.launch import launch
+from mparlib.rendezvous import describe
 from mparlib.plot import course_style, figure_png
 from mparlib.vit import vit
 
@@ -269,7 +271,7 @@ from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from mparlib import sharding
-from mparlib.launch import device
+from mparlib.rendezvous import device
 from mparlib.timing import synchronize
 from mparlib.vit import vit
 
@@ -569,9 +571,10 @@ from torch.utils.checkpoint import checkpoint
 
 from mparlib import sharding
 from mparlib.data import to_float
-from mparlib.ddp import load_split_tensors
+from mparlib.ddp_train import load_split_tensors
 from mparlib.lang import tr
-from mparlib.launch import device
+from mparlib.rendezvous import device
+from mparlib.sharded_checkpoint import load_sharded, save_sharded
 from zero_workers import make_model, share
 
 
@@ -683,7 +686,7 @@ def fsdp_run(batches, lr, learning=None, save_to=None, load_from=None):
         learner = shard(make_model().to(dev))
         out["curve"], optimizer = learn(learner, **learning)
         model_state, optim_state = get_state_dict(learner, optimizer)
-        folder = sharding.save_sharded({"model": model_state, "optim": optim_state}, save_to, step=len(out["curve"]))
+        folder = save_sharded({"model": model_state, "optim": optim_state}, save_to, step=len(out["curve"]))
         out["saved"] = folder.name
         out["full_model"], out["full_optim"] = get_state_dict(learner, optimizer, options=FULL)
     if load_from is not None:  # other weights, another world size: the checkpoint must replace them all
@@ -691,7 +694,7 @@ def fsdp_run(batches, lr, learning=None, save_to=None, load_from=None):
         optimizer = torch.optim.AdamW(other.parameters(), lr=1e-3, weight_decay=0.05)
         model_state, optim_state = get_state_dict(other, optimizer)
         state = {"model": model_state, "optim": optim_state}
-        out["loaded"] = sharding.load_sharded(state, load_from).name
+        out["loaded"] = load_sharded(state, load_from).name
         set_state_dict(other, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
         out["full_model"], out["full_optim"] = get_state_dict(other, optimizer, options=FULL)
     return out
@@ -705,7 +708,7 @@ def save_and_get_killed(root, victim=1):
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.05)
     model_state, optim_state = get_state_dict(model, optimizer)
     state = {"model": model_state, "optim": optim_state}
-    step = int(sharding.load_sharded(state, root).name.split("-")[1])
+    step = int(load_sharded(state, root).name.split("-")[1])
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
     if dist.get_rank() == victim:  # sabotage: this rank dies right after writing its own file
         write_data = FileSystemWriter.write_data
@@ -717,7 +720,7 @@ def save_and_get_killed(root, victim=1):
 
         FileSystemWriter.write_data = write_then_die
     model_state, optim_state = get_state_dict(model, optimizer)
-    sharding.save_sharded({"model": model_state, "optim": optim_state}, root, step=step + 1)
+    save_sharded({"model": model_state, "optim": optim_state}, root, step=step + 1)
 
 # %% [markdown]
 # <!-- en -->
@@ -1068,7 +1071,7 @@ assert activation["checkpointed"] >= 4 * block_input  # each checkpointed block 
 # state as DTensors with names that do not depend on the wrapping; `set_state_dict` puts them back.
 #
 # A save can also be cut off: a process killed by the out-of-memory killer, a node that goes down, a job that
-# runs out of time. `mparlib.sharding.save_sharded` makes a save complete or absent:
+# runs out of time. `mparlib.sharded_checkpoint.save_sharded` makes a save complete or absent:
 #
 # 1. every rank writes into a temporary folder `.step-NNNNNNNN.partial` (DCP's coordinator writes `.metadata` last,
 #    once every rank's files are written);
@@ -1084,7 +1087,7 @@ assert activation["checkpointed"] >= 4 * block_input  # each checkpointed block 
 #
 # `torch.distributed.checkpoint.state_dict.get_state_dict(model, optimizer)` は、モデルとオプティマイザの状態を、ラップの仕方によらない名前の DTensor として返します。`set_state_dict` はそれを元に戻します。
 #
-# 保存が途中で断ち切られることもあります。メモリ不足でプロセスが強制終了される、ノードが落ちる、ジョブの制限時間が来る、などです。`mparlib.sharding.save_sharded` は、保存が完了しているか、まったく存在しないかのどちらかになるようにします。
+# 保存が途中で断ち切られることもあります。メモリ不足でプロセスが強制終了される、ノードが落ちる、ジョブの制限時間が来る、などです。`mparlib.sharded_checkpoint.save_sharded` は、保存が完了しているか、まったく存在しないかのどちらかになるようにします。
 #
 # 1. 各ランクは一時フォルダ `.step-NNNNNNNN.partial` に書き込みます（DCP のコーディネータは、全ランクのファイルが書き終わってから最後に `.metadata` を書きます）。
 # 2. 全ランクが終わったら、ランク 0 がフォルダの名前を `step-NNNNNNNN` に変えます。ファイルシステム上でアトミックな 1回の操作です。
@@ -1125,7 +1128,7 @@ assert fsdp2["full_model"].keys() == make_model().state_dict().keys()  # plain n
 # %% tags=["nbval-ignore-output"]
 evaluated = make_model(seed=2)
 state = {"model": evaluated.state_dict()}
-print(tr("loaded", "読み込み:"), sharding.load_sharded(state, root).name)
+print(tr("loaded", "読み込み:"), load_sharded(state, root).name)
 evaluated.load_state_dict(state["model"])
 test_images, test_labels = load_split_tensors("test", 2000 if PROFILE == "smoke" else 10000)
 evaluated.eval()
@@ -1149,7 +1152,7 @@ assert accuracy >= 0.75
 # %%
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-dcp_to_torch_save(sharding.latest_checkpoint(root), Path(workdir.name) / "whole.pt")
+dcp_to_torch_save(latest_checkpoint(root), Path(workdir.name) / "whole.pt")
 whole = torch.load(Path(workdir.name) / "whole.pt", weights_only=True)
 print(sorted(whole), tr(f"{len(whole['model'])} tensors in the model", f"モデルのテンソル {len(whole['model'])}個"))
 assert all(torch.equal(whole["model"][k], v) for k, v in evaluated.state_dict().items())
@@ -1172,17 +1175,17 @@ except WorkerFailed as e:
 
 # %% tags=["nbval-ignore-output"]
 print(listing(root))
-print(tr("latest complete checkpoint:", "最後に完了したチェックポイント:"), sharding.latest_checkpoint(root).name)
+print(tr("latest complete checkpoint:", "最後に完了したチェックポイント:"), latest_checkpoint(root).name)
 state = {"model": make_model(seed=3).state_dict()}
-print(tr("load_sharded(root) reads", "load_sharded(root) が読むもの:"), sharding.load_sharded(state, root).name)
+print(tr("load_sharded(root) reads", "load_sharded(root) が読むもの:"), load_sharded(state, root).name)
 partial = root / f".step-{int(saved.split('-')[1]) + 1:08d}.partial"
 try:
-    sharding.load_sharded(state, partial)
+    load_sharded(state, partial)
 except CheckpointError as e:
     print(str(e).replace(str(root), "<root>"))
 
 # %%
-assert sharding.latest_checkpoint(root).name == saved
+assert latest_checkpoint(root).name == saved
 assert all(torch.equal(state["model"][k], v) for k, v in evaluated.state_dict().items())
 assert partial.is_dir() and not (partial / ".metadata").exists()
 
@@ -1297,7 +1300,7 @@ print(tr("(DDP's and ZeRO-1's traffic: an all-reduce counted as a reduce-scatter
 #    measuring cell again. How many bytes does autograd keep now, and how long does a step take?
 # 4. In `save_and_get_killed`, kill rank 0 instead (`args=(root, 0)`). Does `latest` still name a complete
 #    checkpoint? Then save the evaluated model as that step from this process,
-#    `sharding.save_sharded({"model": evaluated.state_dict()}, root, step=int(saved.split("-")[1]) + 1)`, and list
+#    `save_sharded({"model": evaluated.state_dict()}, root, step=int(saved.split("-")[1]) + 1)`, and list
 #    the folder again: what became of the partial folder?
 # <!-- ja -->
 # ## まとめ
@@ -1313,4 +1316,4 @@ print(tr("(DDP's and ZeRO-1's traffic: an all-reduce counted as a reduce-scatter
 # 1. ZeRO のワーカーで、4つの方式すべての `torch.optim.Adam` を `momentum=0.9` の `torch.optim.SGD` に置き換えてください。まず `sharding.bytes_per_parameter("fp32", "momentum")` で 1ランクあたりのオプティマイザのバイト数を予測し、それから起動し直します。シャーディングしたステップは、今も DDP と一致するでしょうか。
 # 2. `fsdp_run` を 3個のランクで実行してください: `launch(fsdp_run, 3, args=(batches, 1e-3))`。各ランクの取り分は 1/3 をどれだけ上回るでしょうか。パディングの原因になっているのはどのパラメータでしょうか（各パラメータの 0次元目の大きさを見てください）。
 # 3. 1つおきのブロックだけを再計算してください。`checkpointed.blocks` を `nn.ModuleList(Checkpointed(b) if i % 2 == 0 else b for i, b in enumerate(make_model().blocks))` として作り、測定のセルをもう一度実行します。autograd が保持するバイト数はいくつになり、1ステップにどれだけ時間がかかるでしょうか。
-# 4. `save_and_get_killed` で、代わりにランク 0 を強制終了してください（`args=(root, 0)`）。`latest` は今も完了したチェックポイントを指しているでしょうか。そのあと、評価したモデルをこのプロセスからそのステップとして保存し（`sharding.save_sharded({"model": evaluated.state_dict()}, root, step=int(saved.split("-")[1]) + 1)`）、もう一度フォルダの中身を表示してください。途中までのフォルダはどうなったでしょうか。
+# 4. `save_and_get_killed` で、代わりにランク 0 を強制終了してください（`args=(root, 0)`）。`latest` は今も完了したチェックポイントを指しているでしょうか。そのあと、評価したモデルをこのプロセスからそのステップとして保存し（`save_sharded({"model": evaluated.state_dict()}, root, step=int(saved.split("-")[1]) + 1)`）、もう一度フォルダの中身を表示してください。途中までのフォルダはどうなったでしょうか。

@@ -54,11 +54,12 @@ from torch.nn import functional as F
 
 import mparlib
 import mparlib.plot
-from mparlib import pipeline, tensor_parallel
+from mparlib import diagrams, schedules, tensor_parallel
 from mparlib.data import load_fashion_mnist
 from mparlib.hybrid import pipeline_schedule
 from mparlib.lang import tr
-from mparlib.launch import describe, launch
+from mparlib.launch import launch
+from mparlib.rendezvous import describe
 from mparlib.vit import MLP, vit
 
 # %load_ext mparlib.launch
@@ -195,7 +196,7 @@ import torch
 from torch.distributed.tensor.debug import CommDebugMode
 
 from mparlib import tensor_parallel as tp
-from mparlib.launch import device
+from mparlib.rendezvous import device
 from mparlib.vit import MLP, Attention
 
 
@@ -299,7 +300,7 @@ from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distrib
 from torch.distributed.tensor.debug import CommDebugMode
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-from mparlib.launch import device
+from mparlib.rendezvous import device
 from tp_workers import compare_split, full_blocks, run
 
 PLANS = {"MLP": {"fc1": ColwiseParallel(), "fc2": RowwiseParallel()},
@@ -523,8 +524,8 @@ from torch import nn
 from torch.distributed.pipelining import PipelineStage, SplitPoint, pipeline
 from torch.nn import functional as F
 
-from mparlib import pipeline as timed
-from mparlib.launch import device
+from mparlib import schedules
+from mparlib.rendezvous import device
 from mparlib.vit import vit
 
 
@@ -554,7 +555,7 @@ class ViTStage(nn.Module):
 def train_steps(stage, params, batches, schedule, micro_batches, lr):
     """SGD steps of a pipeline; every rank returns the mean loss of each step (computed on the last rank)."""
     dev, last = device(), dist.get_world_size() - 1
-    steps = timed.schedule_class(schedule)(stage, n_microbatches=micro_batches, loss_fn=F.cross_entropy)
+    steps = schedules.schedule_class(schedule)(stage, n_microbatches=micro_batches, loss_fn=F.cross_entropy)
     optimizer = torch.optim.SGD(params, lr=lr)
     losses = []
     for x, y in batches:
@@ -605,7 +606,7 @@ def pipelined_training(batches, micro_batches=4, lr=0.03, traced=False, bubble=N
         losses = train_steps(stage, stage.submod.parameters(), batches, "gpipe", micro_batches, lr)
         result["pipeline()"] = {"losses": losses, "params": gather_parameters(stage.submod.named_parameters())}
     if bubble is not None:
-        result["bubble"] = timed.measure_bubble(**bubble)
+        result["bubble"] = schedules.measure_bubble(**bubble)
     return result
 
 
@@ -694,13 +695,13 @@ print(tr("pipelines on 2 and 4 processes, GPipe and 1F1B, = one process: losses 
 #
 # How much time does a pipeline lose? Chapter 4 counted ticks: with `p` stages of equal cost and `m` micro-batches,
 # each rank idles for a fraction `(p - 1) / (m + p - 1)` of the step, the **bubble**. Here we measure it. The
-# class `mparlib.pipeline.StageTimes` wraps a `PipelineStage` so that its `forward_one_chunk` and
+# class `mparlib.schedules.StageTimes` wraps a `PipelineStage` so that its `forward_one_chunk` and
 # `backward_one_chunk` (what the schedule calls for each micro-batch) note their start and end. On one machine
 # all processes read the same clock, so the notes of all ranks can be laid side by side; the bubble is the idle
 # share, `1 - (sum of busy intervals) / (p x length of the step)` (`bubble_fraction`), to set beside the formula
 # (`bubble_formula`). Waiting for a message counts as idle.
 #
-# For the formula to apply, the stages must cost the same, so the experiment (`mparlib.pipeline.measure_bubble`)
+# For the formula to apply, the stages must cost the same, so the experiment (`mparlib.schedules.measure_bubble`)
 # does not use the ViT, whose first and last stages carry extra layers: every stage is the same stack of
 # `Linear(512, 512)` and tanh (`uniform_stage`), and every micro-batch has 32 rows whatever `m` is, so that one interval is the same
 # amount of work in every run.
@@ -709,9 +710,9 @@ print(tr("pipelines on 2 and 4 processes, GPipe and 1F1B, = one process: losses 
 #
 # ## バブルの測定
 #
-# パイプラインはどれだけの時間を失うのでしょうか。4章では時刻の数を数えました。計算量の等しい `p` 個のステージと `m` 個のマイクロバッチでは、各ランクは 1ステップのうち `(p - 1) / (m + p - 1)` の割合だけ遊んでいます。これが**バブル**です。ここではそれを測ります。`mparlib.pipeline.StageTimes` は `PipelineStage` をラップし、スケジュールがマイクロバッチごとに呼ぶ `forward_one_chunk` と `backward_one_chunk` が、自分の開始と終了の時刻を記録するようにします。1台のマシンではすべてのプロセスが同じ時計を読むので、全ランクの記録を並べて比べられます。バブルは遊んでいた割合で、忙しかった区間の合計を「p x ステップの長さ」で割り、1 から引いた値です（`bubble_fraction`）。これを式の値（`bubble_formula`）と並べます。メッセージを待っている時間も遊びに数えます。
+# パイプラインはどれだけの時間を失うのでしょうか。4章では時刻の数を数えました。計算量の等しい `p` 個のステージと `m` 個のマイクロバッチでは、各ランクは 1ステップのうち `(p - 1) / (m + p - 1)` の割合だけ遊んでいます。これが**バブル**です。ここではそれを測ります。`mparlib.schedules.StageTimes` は `PipelineStage` をラップし、スケジュールがマイクロバッチごとに呼ぶ `forward_one_chunk` と `backward_one_chunk` が、自分の開始と終了の時刻を記録するようにします。1台のマシンではすべてのプロセスが同じ時計を読むので、全ランクの記録を並べて比べられます。バブルは遊んでいた割合で、忙しかった区間の合計を「p x ステップの長さ」で割り、1 から引いた値です（`bubble_fraction`）。これを式の値（`bubble_formula`）と並べます。メッセージを待っている時間も遊びに数えます。
 #
-# 式が当てはまるには、ステージの計算量がそろっている必要があります。そのため実験（`mparlib.pipeline.measure_bubble`）では、最初と最後のステージに余分な層が付く ViT は使いません。どのステージも `Linear(512, 512)` と tanh を同じだけ積んだもの（`uniform_stage`）で、マイクロバッチは `m` によらず常に 32行です。こうすると、1つの区間の仕事量がどの実行でも同じになります。
+# 式が当てはまるには、ステージの計算量がそろっている必要があります。そのため実験（`mparlib.schedules.measure_bubble`）では、最初と最後のステージに余分な層が付く ViT は使いません。どのステージも `Linear(512, 512)` と tanh を同じだけ積んだもの（`uniform_stage`）で、マイクロバッチは `m` によらず常に 32行です。こうすると、1つの区間の仕事量がどの実行でも同じになります。
 
 # %% tags=["nbval-ignore-output"]
 SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B"}  # the names to print
@@ -781,13 +782,13 @@ for n, report in pipe_reports.items():
 # %% tags=["nbval-ignore-output"]
 simulated = [[("F", i, t, t + 1) for t, s, i in pipeline_schedule(2, 4) if s == r] for r in range(2)]
 fig, axes = plt.subplots(3, 1, figsize=(9, 5.4))
-pipeline.draw_timeline(axes[0], simulated, tr("Chapter 4: simulated devices, forward only",
+diagrams.draw_timeline(axes[0], simulated, tr("Chapter 4: simulated devices, forward only",
                                               "4章: 模擬デバイス、順伝播のみ"),
                        unit=1, xlabel=tr("tick", "時刻"), row_label=lambda r: tr(f"device {r}", f"デバイス {r}"))
 for ax, schedule in zip(axes[1:], ("gpipe", "1f1b")):
     row = pipe_reports[2]["bubble"][schedule][4]
     label = SCHEDULES[schedule]
-    pipeline.draw_timeline(ax, row["records"], tr(f"{label} on 2 processes, m=4: bubble {row['measured']:.0%} "
+    diagrams.draw_timeline(ax, row["records"], tr(f"{label} on 2 processes, m=4: bubble {row['measured']:.0%} "
                                                   f"(formula {row['formula']:.0%})",
                                                   f"{label}、プロセス 2個、m=4: バブル {row['measured']:.0%}"
                                                   f"（式では {row['formula']:.0%}）"))
@@ -856,7 +857,7 @@ from torch.distributed.tensor import Replicate
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 from torch.nn import functional as F
 
-from mparlib.launch import device
+from mparlib.rendezvous import device
 from mparlib.vit import vit
 
 BLOCK_PLAN = {"attn.q": ColwiseParallel(), "attn.k": ColwiseParallel(), "attn.v": ColwiseParallel(),
@@ -1033,7 +1034,7 @@ print(tr(f"whole chapter so far: {time.perf_counter() - CHAPTER_START:.0f} s",
 #    fused `qkv` matrix achieves.
 # 2. **An uneven split.** Call `launch(compare_split, 3)`. Which check fails, and what does the message suggest?
 #    With `MLP(64, 96)` and 3 processes, would the MLP alone work?
-# 3. **More micro-batches.** Run `launch(pipeline.measure_bubble, 2, kwargs=dict(micro_batches=(2, 4, 8, 16),
+# 3. **More micro-batches.** Run `launch(schedules.measure_bubble, 2, kwargs=dict(micro_batches=(2, 4, 8, 16),
 #    schedules=("1f1b",)))`. At which `m` does the measured bubble come within 20% of the formula on your machine?
 #    Then halve `micro_batch_size`: what happens to the agreement, and why?
 # 4. **Swap the mesh.** In `train_2d`, shard along `"tp"` and split along `"dp"` instead (swap `dp` and `tp` in the
@@ -1052,5 +1053,5 @@ print(tr(f"whole chapter so far: {time.perf_counter() - CHAPTER_START:.0f} s",
 #
 # 1. **3つの射影に `f` を 1つだけ。** `tp_workers` に、入力に `tensor_parallel.copy_to_parallel` を 1回だけ適用してから、分割したアテンションのブロックを呼ぶモジュールを書いてください。そのブロックの `q`、`k`、`v` は `ColumnParallelLinear(..., copy_input=False)` で作ります。比較をもう一度起動してください。出力と勾配はまだ一致するでしょうか。逆伝播のオールリデュースは何回になったでしょうか。Megatron-LM が `qkv` を 1つの行列にまとめて得ているのは、この効果です。
 # 2. **割り切れない分割。** `launch(compare_split, 3)` を呼んでください。どの検査が失敗し、メッセージは何を勧めているでしょうか。`MLP(64, 96)` を 3個のプロセスで分けるなら、MLP だけは動くでしょうか。
-# 3. **マイクロバッチを増やす。** `launch(pipeline.measure_bubble, 2, kwargs=dict(micro_batches=(2, 4, 8, 16), schedules=("1f1b",)))` を実行してください。手元のマシンでは、`m` がいくつのとき測ったバブルが式の 20% 以内に入るでしょうか。次に `micro_batch_size` を半分にしてください。一致の度合いはどう変わるでしょうか。それはなぜでしょうか。
+# 3. **マイクロバッチを増やす。** `launch(schedules.measure_bubble, 2, kwargs=dict(micro_batches=(2, 4, 8, 16), schedules=("1f1b",)))` を実行してください。手元のマシンでは、`m` がいくつのとき測ったバブルが式の 20% 以内に入るでしょうか。次に `micro_batch_size` を半分にしてください。一致の度合いはどう変わるでしょうか。それはなぜでしょうか。
 # 4. **メッシュの向きを入れ替える。** `train_2d` で、`"tp"` の向きにシャーディングし、`"dp"` の向きに分割してください（ワーカーの中の `dp` と `tp` を、バッチを半分に分けるところも含めて入れ替えます）。一致はまだ保たれるでしょうか。メッシュの 2つの行が 2台のマシンだったとしたら、今度はどの通信が遅いリンクを渡ることになるでしょうか。
