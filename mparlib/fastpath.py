@@ -269,17 +269,21 @@ def _compile(module, device, fast, batch_size, test_iter, loss_fn, autocast, pre
     timer, failure = Timer(device), None
     try:
         with timer:
-            _warm_up(compiled, module, X, y, loss_fn, autocast, fast.warmup_steps, fast.cuda_graphs)
+            warm_up(compiled, module, X, y, loss_fn, autocast, fast.warmup_steps, fast.cuda_graphs)
     except Exception as e:  # the compiler's fault or the model's? Decided below, outside this handler
         failure = e
     if failure is not None:
-        _warm_up(module, module, X, y, loss_fn, autocast, 1, False)  # the model's own error propagates from here
+        warm_up(module, module, X, y, loss_fn, autocast, 1, False)  # the model's own error propagates from here
         raise _compile_failed(device, failure) from failure
     return compiled, timer.sum()
 
 
-def _warm_up(model, module, X, y, loss_fn, autocast, steps, graphs):
-    """Forward and backward ``steps`` times on one batch, then restore the module's state (also after an error)."""
+def warm_up(model, module, X, y, loss_fn, autocast, steps, graphs):
+    """Forward and backward ``steps`` times on one batch, then restore the module's state. Explained in 07_performance.
+
+    ``model`` is what runs (the compiled model), ``module`` the plain one whose batch-norm statistics and gradients
+    are put back as they were, also after an error; the weights never move (no optimizer step).
+    """
     saved = {k: v.detach().clone() for k, v in module.state_dict().items()}
     try:
         for _ in range(steps):

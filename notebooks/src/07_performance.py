@@ -19,7 +19,7 @@
 # | `precision` | bf16 autocast where the device computes bf16 natively (`bf16_native`; on a CPU, `cpu_has_bf16`), fp32 elsewhere |
 # | `fused` | one fused SGD kernel for all parameters instead of one update per tensor (`make_fast_optimizer`) |
 # | `momentum`, `warmup`, `label_smoothing` | a schedule that keeps accuracy when batches grow (`warmup_cosine`) |
-# | `compile`, `cuda_graphs` | `torch.compile`, and replaying each step as a CUDA graph (GPUs) |
+# | `compile`, `cuda_graphs` | `torch.compile`, and replaying each step as a CUDA graph (GPUs); `warm_up` compiles before the first timed step and leaves the model as it was |
 #
 # The sizes follow the course profile: the smoke profile (no GPU) runs a few steps of each measurement, so the
 # numbers are real but noisy, and its last section trains chapter 05's narrow ResNet-18 (`width=8`) on 12,000
@@ -39,7 +39,7 @@
 # | `precision` | デバイスが bf16 をネイティブに計算できるときは bf16 の autocast（`bf16_native`。CPU では `cpu_has_bf16`）、それ以外では fp32 |
 # | `fused` | パラメータごとに更新する代わりに、全パラメータを 1つの融合（fused）SGD カーネルで更新する（`make_fast_optimizer`） |
 # | `momentum`、`warmup`、`label_smoothing` | バッチを大きくしても精度を保つための学習率スケジュールなど（`warmup_cosine`） |
-# | `compile`、`cuda_graphs` | `torch.compile` と、各ステップを CUDA グラフとして再生する仕組み（GPU） |
+# | `compile`、`cuda_graphs` | `torch.compile` と、各ステップを CUDA グラフとして再生する仕組み（GPU）。`warm_up` が最初の計測の前にコンパイルを済ませ、モデルは元の状態に戻す |
 #
 # 規模はコースのプロファイルに従います。`smoke` プロファイル（GPU なし）では各計測を数ステップだけ実行するので、数値は本物ですがばらつきが大きくなります。最後の節では、5章の細い ResNet-18（`width=8`）を 12,000枚の画像で訓練し、2つのループの精度を比べます。`full` プロファイル（GPU あり）では、d2l のネットワークでテスト精度 91% までの訓練を含む本来の実験を行います。
 
