@@ -212,12 +212,7 @@ def _failure(processes, seen, server, run, offsets):
 
 def _tail(path, offset=0, lines=25):
     """The last ``lines`` lines of a rank's log, from ``offset`` on."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(offset)
-            text = f.read().decode("utf-8", errors="replace")
-    except OSError:
-        return tr("(no log)", "（ログがありません）")
+    text = Path(path).read_bytes()[offset:].decode("utf-8", errors="replace") if os.path.exists(path) else ""
     return "\n".join(text.rstrip().splitlines()[-lines:]) or tr(
         "(its log is empty: it printed nothing before it ended)",
         "（ログは空です。終了するまでに何も出力しませんでした）")
