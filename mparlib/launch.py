@@ -1,31 +1,51 @@
 """Starting N cooperating processes from Python or a notebook, and getting rank 0's result back.
 
-:func:`launch` does torchrun's job from Python, so that a notebook can run a worker function in N local processes and
-get rank 0's result back. It stands on PyTorch's own tools: ``torch.multiprocessing.start_processes`` starts and
-watches the processes, and the launcher hosts the rendezvous ``TCPStore`` that the ranks connect to, as torchrun's
-agent does. A notebook writes its own worker module with the ``%%worker`` cell magic (:mod:`mparlib.workers`).
-Explained in 06_ddp.
+:func:`launch` does torchrun's job from Python. It stands on PyTorch's own tools: ``torch.multiprocessing``
+starts the processes, waits for them and stops them all at the first failure, and the launcher hosts the rendezvous
+``TCPStore`` that the ranks meet at (and leave their result or their error in), as torchrun's agent does. A notebook
+writes its own worker module with the ``%%worker`` cell magic (:mod:`mparlib.workers`). Explained in 06_ddp.
 """
-import json
+import ctypes
+import functools
+import logging
 import os
+import pickle
 import signal
 import sys
 import tempfile
-import threading
-import time
 import traceback
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from torch.multiprocessing.spawn import ProcessException
 
+from .checks import positive_int, seconds
 from .errors import ConfigError, LaunchError, MparlibError, WorkerFailed
 from .lang import tr
-from .rendezvous import (  # noqa: F401  (the group's names, re-exported: a notebook imports them from here)
-    RENDEZVOUS_VARS, _max_cpu_processes, _port_in_use, _seconds, check_gpus, check_port, choose_backend, describe,
-    device, free_port, process_group, rendezvous_env)
+from .progress import in_kernel
+from .rendezvous import check_port, choose_backend, process_group
+from .workers import register_magic
+
+RESULT, FAILURES = "mparlib/result", "mparlib/failures"  # keys in the launcher's store; a rank's error: mparlib/error{r}
+
+
+@dataclass(frozen=True)
+class _Run:
+    """What every rank of one launch receives: the worker's call, and how to meet the others."""
+    call: functools.partial  # the worker with its arguments
+    nproc: int
+    host: str
+    port: int
+    backend: str
+    threads: int
+    timeout: float | None  # seconds a collective may wait
+    logs: tuple  # the log file of each rank
+    parent: int  # the launcher's pid
+
 
 def _check_importable(fn):
     """Spawned processes find ``fn`` by module and name: reject functions they cannot import."""
@@ -49,55 +69,39 @@ def _check_importable(fn):
         "インポートしたものを launch に渡してください。スクリプトでは、ワーカーを専用のモジュールに書きます。"))
 
 
-def _die_with_parent(parent):
-    """Make sure this process ends when the launcher ``parent`` does, however the launcher ends."""
-    try:  # Linux: the kernel sends SIGKILL to this process the moment its parent dies
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-    if os.getppid() != parent:  # the launcher died before prctl took effect
-        os._exit(1)
-
-    def watch():  # other systems, and a second line of defence
-        while os.getppid() == parent:
-            time.sleep(0.5)
-        os._exit(1)
-
-    threading.Thread(target=watch, name="mparlib-parent-watch", daemon=True).start()
-
-
-def _entry(rank, fn, args, kwargs, nproc, host, port, backend, threads, timeout, log_paths, run_dir, parent):
-    """Body of each spawned process: stay tied to the launcher, log to a file, join the group, run ``fn``."""
-    _die_with_parent(parent)
-    log = open(log_paths[rank], "a", buffering=1, encoding="utf-8")
-    os.dup2(log.fileno(), 1)  # the process's prints (and C++ warnings) go to its log, not to the notebook
-    os.dup2(log.fileno(), 2)
-    sys.stdout = sys.stderr = log
-    code, failed_at = 0, []  # failed_at: when fn raised, before leaving the group wakes the other ranks with errors
+def _entry(rank, run):
+    """Body of each spawned process: tie it to the launcher, log to a file, join the group, make ``run.call``."""
+    code = 1
     try:
-        torch.set_num_threads(threads)
-        os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(nproc), LOCAL_WORLD_SIZE=str(nproc),
-                          MASTER_ADDR=host, MASTER_PORT=str(port), OMP_NUM_THREADS=str(threads))
+        if sys.platform == "linux":  # the kernel sends SIGKILL to this process the moment the launcher dies
+            ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG (torch sets SIGINT, which may go unheard)
+        if os.getppid() != run.parent:  # the launcher died before that took effect
+            os._exit(1)
+        log = open(run.logs[rank], "a", buffering=1, encoding="utf-8")
+        os.dup2(log.fileno(), 1)  # the process's prints (and C++ warnings) go to its log, not to the notebook
+        os.dup2(log.fileno(), 2)
+        sys.stdout = sys.stderr = log
+        torch.set_num_threads(run.threads)
+        os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(run.nproc), MASTER_ADDR=run.host,
+                          LOCAL_WORLD_SIZE=str(run.nproc), MASTER_PORT=str(run.port), OMP_NUM_THREADS=str(run.threads))
         # The launcher hosts the rendezvous server; every rank is a client, as under torchrun's agent.
-        store = dist.TCPStore(host, port, nproc, is_master=False, timeout=timedelta(seconds=120))
-        with process_group(backend, timeout=timeout, store=store):
+        store = dist.TCPStore(run.host, run.port, run.nproc, is_master=False, timeout=timedelta(seconds=120))
+        with process_group(run.backend, timeout=run.timeout, store=store):
             try:
-                result = fn(*args, **kwargs)
-            except BaseException:
-                failed_at.append(time.time())
+                result = run.call()
+                if rank == 0:
+                    store.set(RESULT, pickle.dumps(result))
+            except BaseException as e:  # recorded before leaving the group wakes the others with errors of their own
+                course = e if isinstance(e, MparlibError) and not isinstance(e, WorkerFailed) else None
+                store.set(f"mparlib/error{rank}", pickle.dumps((store.add(FAILURES, 1), f"{type(e).__name__}: {e}",
+                                                                course)))
                 raise
-        if rank == 0:
-            torch.save(result, Path(run_dir) / "result.pt")
+        code = 0
     except BaseException as e:
-        code = 2 if isinstance(e, MparlibError) else 1
-        record = {"time": (failed_at or [time.time()])[0], "type": type(e).__name__, "module": type(e).__module__, "message": str(e),
-                  "traceback": traceback.format_exc()}
-        print(f"error: {e}" if code == 2 else record["traceback"], flush=True)
-        Path(run_dir, f"error{rank}.json").write_text(json.dumps(record), encoding="utf-8")
-    log.flush()
-    os._exit(code)  # the work is saved and the group left: skip the interpreter's teardown of torch's C++ threads
+        print(f"error: {e}" if isinstance(e, MparlibError) else traceback.format_exc(), flush=True)
+    finally:  # the work is saved and the group left: skip the interpreter's teardown of torch's C++ threads (torch's
+        sys.stdout.flush()  # wrapper then sees an exit code, never an exception: the rank's record is in the store)
+        os._exit(code)
 
 
 def launch(fn, nproc, args=(), kwargs=None, *, backend="auto", port=None, host="127.0.0.1", threads=None,
@@ -107,154 +111,142 @@ def launch(fn, nproc, args=(), kwargs=None, *, backend="auto", port=None, host="
     Each process is started fresh (``spawn``), gets the variables torchrun would set (``RANK``, ``WORLD_SIZE``,
     ``MASTER_ADDR``, ``MASTER_PORT``...), joins the process group and calls ``fn``, which must be importable (in a
     notebook: a ``%%worker`` cell). ``backend="auto"`` takes nccl when there is a GPU per process, else gloo on the
-    CPU (:func:`describe` says which). Rank 0's output is echoed here as it comes (``echo``); each rank appends to
-    ``log_dir/rank{r}.log`` (a temporary folder by default). ``show`` names a PNG that rank 0 rewrites (an
-    :class:`~mparlib.plot.Animator` file): in Jupyter it is shown and updated in the cell. ``port=None`` (or 0) lets
-    the system choose the rendezvous port. ``threads`` per process defaults to the CPU cores shared out. ``timeout``
-    (seconds) bounds how long a collective waits. If a process fails, all are stopped; an error raised by the course
-    in a worker comes back as the same class and message, anything else as :class:`WorkerFailed` naming the rank
-    and showing the end of its log. The processes never outlive this call, nor the process that made it.
+    CPU (:func:`~mparlib.rendezvous.describe` says which). Rank 0's output is echoed here as it comes (``echo``);
+    each rank appends to ``log_dir/rank{r}.log`` (a temporary folder by default). ``show`` names a PNG that rank 0
+    rewrites (an :class:`~mparlib.plot.Animator` file): in Jupyter it is shown and updated in the cell. ``port=None``
+    (or 0) lets the system choose the rendezvous port. ``threads`` per process defaults to the CPU cores shared out.
+    ``timeout`` (seconds) bounds how long a collective waits. If a process fails, all are stopped; an error raised by
+    the course in a worker comes back as the same class and message, anything else as :class:`WorkerFailed` naming
+    the rank and showing the end of its log. The processes never outlive this call, nor the process that made it.
     """
     _check_importable(fn)
-    if not (isinstance(nproc, int) and not isinstance(nproc, bool) and nproc >= 1):
-        raise ConfigError(tr(f"nproc={nproc!r}: the number of processes must be a positive int such as 2.",
-                             f"nproc={nproc!r}: プロセス数は 2 のような正の整数で指定してください。"))
-    if not isinstance(args, (tuple, list)):
-        raise ConfigError(tr(f"args={args!r}: pass the worker's positional arguments as a tuple, e.g. args=(x, y).",
-                             f"args={args!r}: ワーカーの位置引数は args=(x, y) のようにタプルで渡してください。"))
-    if kwargs is not None and not isinstance(kwargs, dict):
-        raise ConfigError(tr(f"kwargs={kwargs!r}: pass the worker's keyword arguments as a dict.",
-                             f"kwargs={kwargs!r}: ワーカーのキーワード引数は dict で渡してください。"))
-    backend = choose_backend(backend, nproc)
-    _seconds(timeout)
+    nproc = positive_int(nproc, "nproc", 2, "launch")
+    if not isinstance(args, (tuple, list)) or not isinstance(kwargs, (dict, type(None))):
+        raise ConfigError(tr(f"args={args!r}, kwargs={kwargs!r}: pass the worker's positional arguments as a tuple "
+                             "and its keyword arguments as a dict, e.g. args=(x, y), kwargs={'lr': 0.1}.",
+                             f"args={args!r}, kwargs={kwargs!r}: ワーカーの位置引数はタプルで、キーワード引数は dict で"
+                             "渡してください（例: args=(x, y), kwargs={'lr': 0.1}）。"))
+    backend, timeout = choose_backend(backend, nproc), seconds(timeout, "timeout", "launch")
     cores = os.cpu_count() or 1
-    if backend == "gloo" and nproc > _max_cpu_processes():
+    most = max(8, 4 * cores)
+    if backend == "gloo" and nproc > most:
         raise ConfigError(tr(
             f"{nproc} processes on {cores} CPU core(s) is more than this machine can run well: every process holds "
-            f"its own Python, PyTorch and model (about 1 GB each), and they share the cores. Use at most "
-            f"{_max_cpu_processes()} (4 per core), or a machine with GPUs for more ranks.",
+            f"its own Python, PyTorch and model (about 1 GB each), and they share the cores. Use at most {most} "
+            "(4 per core), or a machine with GPUs for more ranks.",
             f"CPU コア {cores}個で {nproc}個のプロセスは、このマシンでは多すぎます。各プロセスが Python、PyTorch、モデルを"
-            f"それぞれ持ち（1個あたり約 1 GB）、コアを取り合います。プロセスは {_max_cpu_processes()}個（コアあたり 4個）"
-            "以下にするか、より多くのランクには GPU のあるマシンを使ってください。"))
+            f"それぞれ持ち（1個あたり約 1 GB）、コアを取り合います。プロセスは {most}個（コアあたり 4個）以下にするか、"
+            "より多くのランクには GPU のあるマシンを使ってください。"))
     if port not in (None, 0):
         check_port(port, host)
-    threads = threads or (1 if backend == "nccl" else max(1, cores // nproc))
-    try:  # the rendezvous server lives here, so no rank has to win a race for the port
-        server = dist.TCPStore(host, port or 0, nproc, is_master=True, wait_for_workers=False,
-                               timeout=timedelta(seconds=120))
-    except (RuntimeError, OSError) as e:
-        raise _port_in_use(port, host, f" ({e})") from None
-    with tempfile.TemporaryDirectory(prefix="mparlib-launch-") as run_dir:
-        logs = Path(log_dir) if log_dir is not None else Path(run_dir)
-        logs.mkdir(parents=True, exist_ok=True)
-        log_paths = [logs / f"rank{r}.log" for r in range(nproc)]
-        offsets = [p.stat().st_size if p.exists() else 0 for p in log_paths]  # logs are appended to, never erased
-        from .workers import _LogEcho as LogEcho
-
-        echoer = LogEcho(log_paths[0] if echo else None, offsets[0], show)
-        entry_args = (fn, tuple(args), dict(kwargs or {}), nproc, host, server.port, backend, threads, timeout,
-                      [str(p) for p in log_paths], run_dir, os.getpid())
-        procs = []
-        try:
-            procs = mp.start_processes(_entry, args=entry_args, nprocs=nproc, join=False,
-                                       start_method="spawn").processes
-            ended = _watch(procs, echoer)
-        except BaseException:  # Ctrl+C or the notebook's stop button: do not leave processes behind
-            _stop(procs)
-            raise
-        finally:
-            del server
-        echoer.poll()
-        if any(code != 0 for code in ended.values()):
-            raise _failure(ended, run_dir, log_paths, offsets)
-        result = Path(run_dir) / "result.pt"
-        if not result.exists():
-            raise WorkerFailed(tr("Rank 0 finished without a result; end of its log:\n",
-                                  "ランク 0 は結果を返さずに終了しました。ログの末尾:\n") + _tail(log_paths[0], offsets[0]))
-        return torch.load(result, weights_only=False)
+    # The server lives here, so no rank has to win a race for the port.
+    server = dist.TCPStore(host, port or 0, nproc, is_master=True, wait_for_workers=False,
+                           timeout=timedelta(seconds=120))
+    try:
+        with tempfile.TemporaryDirectory(prefix="mparlib-launch-") as tmp:
+            logs = Path(tmp if log_dir is None else log_dir)
+            logs.mkdir(parents=True, exist_ok=True)
+            run = _Run(functools.partial(fn, *args, **(kwargs or {})), nproc, host, server.port, backend,
+                       threads or (1 if backend == "nccl" else max(1, cores // nproc)), timeout,
+                       tuple(str(logs / f"rank{r}.log") for r in range(nproc)), os.getpid())
+            return _supervise(run, server, echo, show)
+    finally:
+        del server  # the frames of an exception must not keep the port open
 
 
-def _watch(procs, echoer, grace=2.0):
-    """Wait for the ranks; when one fails, give the others ``grace`` seconds to end, then stop them.
+def _supervise(run, server, echo, show):
+    """Start the ranks, echo rank 0's log while torch's ``join`` waits for them, and return rank 0's result.
 
-    Returns ``{rank: exit code}`` of the ranks that ended by themselves, in the order they ended: the stopped ones
-    are left out, since their end is not their failure.
+    At the first failure ``join`` gives the other ranks 2 s to end by themselves, then stops them.
     """
-    import multiprocessing.connection
-
-    ended, deadline = {}, None
-    while len(ended) < len(procs):
-        if deadline is None and any(code != 0 for code in ended.values()):
-            deadline = time.monotonic() + grace  # a rank failed: its partners usually notice and end soon
-        if deadline is not None and time.monotonic() > deadline:
-            break
-        multiprocessing.connection.wait([p.sentinel for r, p in enumerate(procs) if r not in ended], timeout=0.2)
-        for r, p in enumerate(procs):
-            if r not in ended and p.exitcode is not None:
-                ended[r] = p.exitcode
+    offsets = [os.path.getsize(p) if os.path.exists(p) else 0 for p in run.logs]  # logs are appended to, never erased
+    echoer = _LogEcho(run.logs[0] if echo else None, offsets[0], show)
+    spawn_log = logging.getLogger("torch.multiprocessing.spawn")
+    level = spawn_log.level
+    spawn_log.setLevel(logging.ERROR)  # torch's "Terminating process ..." (in English): our error says so
+    try:
+        ctx = mp.start_processes(_entry, args=(run,), nprocs=run.nproc, join=False, start_method="spawn")
+        try:
+            while not ctx.join(timeout=0.2, grace_period=2.0):
+                echoer.poll()
+        except ProcessException as e:
+            echoer.poll()
+            raise _failure(ctx.processes, e.error_index, server, run, offsets) from None
+        except BaseException:  # Ctrl+C or the notebook's stop button: do not leave processes behind
+            for p in ctx.processes:
+                p.kill()
+                p.join()
+            raise
         echoer.poll()
-    _stop(procs)
-    return ended
+        if not server.check([RESULT]):
+            raise WorkerFailed(tr("Rank 0 finished without a result; end of its log:\n",
+                                  "ランク 0 は結果を返さずに終了しました。ログの末尾:\n") + _tail(run.logs[0], offsets[0]))
+        return pickle.loads(server.get(RESULT))
+    finally:
+        spawn_log.setLevel(level)
+        del server  # the frames of an exception must not keep the port open
 
 
-def _failure(ended, run_dir, log_paths, offsets):
-    """The error for a failed run: the rank that failed first, how, and the end of its log."""
-    records = {r: json.loads(Path(run_dir, f"error{r}.json").read_text(encoding="utf-8"))
-               for r in ended if Path(run_dir, f"error{r}.json").exists()}
-    failed = [r for r, code in ended.items() if code != 0]
-    signalled = [r for r in failed if ended[r] < 0 and r not in records]  # a signal kills at once: it is the cause
-    first = signalled[0] if signalled else min(failed, key=lambda r: records[r]["time"] if r in records else 1e300)
-    rec, code = records.get(first), ended[first]
-    if rec is not None and rec["module"] == "mparlib.errors":  # a clear message from the course: give it as it is
-        import mparlib.errors as errors
-
-        cls = getattr(errors, rec["type"], None)
-        if isinstance(cls, type) and issubclass(cls, MparlibError) and cls not in (WorkerFailed,):
-            try:
-                return cls(rec["message"])
-            except TypeError:  # a class with a different constructor: fall through to WorkerFailed
-                pass
-    if code < 0:
-        how = tr(f"rank {first} was killed by signal {signal.Signals(-code).name}",
-                 f"ランク {first} がシグナル {signal.Signals(-code).name} で強制終了されました")
-    elif rec is not None:
-        how = tr(f"rank {first} failed with {rec['type']}: {rec['message']}",
-                 f"ランク {first} で {rec['type']} が発生しました: {rec['message']}")
-    else:
-        how = tr(f"rank {first} exited with code {code}", f"ランク {first} が終了コード {code} で終了しました")
+def _failure(processes, seen, server, run, offsets):
+    """The error for a failed run: the course error that the rank that failed first raised, as it is; else
+    :class:`WorkerFailed` naming that rank, how it failed, and the end of its log. ``seen``: the rank torch saw fail."""
+    records = {r: pickle.loads(server.get(f"mparlib/error{r}"))  # (order, "Type: message", course error or None)
+               for r in range(run.nproc) if server.check([f"mparlib/error{r}"])}
+    codes = [p.exitcode for p in processes]
+    # A rank that ended without a record was killed at once (a signal, os._exit): nothing can have failed before it.
+    # SIGTERM is how torch stopped the others.
+    silent = [r for r, code in enumerate(codes) if code not in (0, -signal.SIGTERM) and r not in records]
+    first = silent[0] if silent else min(records, key=lambda r: records[r][0], default=seen)
+    _, summary, course = records.get(first, (None, None, None))
+    if course is not None:  # a clear message from the course: give it as it is
+        return course
+    code = codes[first]
+    how = tr(f"rank {first} failed with {summary}", f"ランク {first} で {summary} が発生しました") if summary else \
+        tr(f"rank {first} exited with code {code}", f"ランク {first} が終了コード {code} で終了しました") if code > 0 else \
+        tr(f"rank {first} was killed by signal {signal.Signals(-code).name}",
+           f"ランク {first} がシグナル {signal.Signals(-code).name} で強制終了されました")
     return WorkerFailed(tr(f"{how}; the other processes were stopped. End of rank {first}'s log:\n",
                            f"{how}。他のプロセスは停止しました。ランク {first} のログの末尾:\n")
-                        + _tail(log_paths[first], offsets[first]), rank=first, cause=how)
+                        + _tail(run.logs[first], offsets[first]), rank=first, cause=how)
 
 
 def _tail(path, offset=0, lines=25):
-    try:
-        with open(path, "rb") as f:
-            f.seek(offset)
-            text = f.read().decode("utf-8", errors="replace")
-    except OSError:
-        return tr("(no log)", "（ログがありません）")
+    """The last ``lines`` lines of a rank's log, from ``offset`` on."""
+    text = Path(path).read_bytes()[offset:].decode("utf-8", errors="replace") if os.path.exists(path) else ""
     return "\n".join(text.rstrip().splitlines()[-lines:]) or tr(
         "(its log is empty: it printed nothing before it ended)",
         "（ログは空です。終了するまでに何も出力しませんでした）")
 
 
-def _stop(processes, grace=5.0):
-    """Terminate processes still running (SIGTERM, then SIGKILL after ``grace`` seconds) and reap them all."""
-    for p in processes:
-        if p.is_alive():
-            p.terminate()
-    deadline = time.monotonic() + grace
-    for p in processes:
-        if p.pid is not None:
-            p.join(max(0.0, deadline - time.monotonic()))
-            if p.is_alive():
-                p.kill()
-                p.join()
+class _LogEcho:
+    """Print new lines of rank 0's log here, and (in Jupyter) show rank 0's PNG each time it changes."""
+
+    def __init__(self, log_path, offset, png_path):
+        self.log_path, self.png_path = log_path, Path(png_path) if png_path else None
+        self.offset, self.png_stamp, self.handle, self.kernel = offset, None, None, in_kernel()
+
+    def poll(self):
+        """Echo whole lines written since the last call; refresh the figure if its file changed."""
+        if self.log_path is not None and os.path.exists(self.log_path):
+            with open(self.log_path, "rb") as f:
+                f.seek(self.offset)
+                data = f.read()
+            cut = data.rfind(b"\n") + 1  # whole lines only
+            if cut:
+                self.offset += cut
+                print(data[:cut].decode("utf-8", errors="replace"), end="", flush=True)
+        if self.kernel and self.png_path is not None and self.png_path.exists() \
+                and self.png_path.stat().st_mtime_ns != self.png_stamp:
+            from IPython.display import Image, display
+
+            self.png_stamp = self.png_path.stat().st_mtime_ns
+            image = Image(data=self.png_path.read_bytes())
+            if self.handle is None:
+                self.handle = display(image, display_id=True)
+            else:
+                self.handle.update(image)
 
 
 def load_ipython_extension(ipython):
     """``%load_ext mparlib.launch``: the ``%%worker NAME`` cell magic (see :mod:`mparlib.workers`). Explained in 06_ddp."""
-    from .workers import register_magic
-
     register_magic(ipython)

@@ -2,7 +2,7 @@
 
 ``torchrun`` starts one process per device and sets ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT`` in
 each; :func:`process_group` joins such processes into a group (nccl on GPUs, gloo on CPUs) and always leaves it.
-:mod:`mparlib.launch` starts the processes from Python or a notebook and re-exports these names. Explained in 06_ddp.
+:mod:`mparlib.launch` starts the processes from Python or a notebook. Explained in 06_ddp.
 """
 import contextlib
 import os
@@ -12,6 +12,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from .checks import int_in, one_of, seconds
 from .devices import num_gpus
 from .errors import ConfigError, LaunchError
 from .lang import tr
@@ -25,14 +26,9 @@ def choose_backend(backend="auto", nproc=1):
     ``"auto"`` takes nccl when the machine has a GPU for each of the ``nproc`` processes, and gloo (processes on the
     CPU) otherwise. An explicit choice is checked: nccl needs one GPU per process.
     """
-    if backend == "auto":
+    if one_of(backend, "backend", ("auto", "gloo", "nccl")) == "auto":
         return "nccl" if dist.is_nccl_available() and num_gpus() >= nproc else "gloo"
-    if backend not in ("gloo", "nccl"):
-        raise ConfigError(tr(f"backend={backend!r} is not supported here: use 'auto', 'gloo' (CPU) or 'nccl' (GPUs).",
-                             f"backend={backend!r} には対応していません。'auto'、'gloo'（CPU）、'nccl'（GPU）のいずれかを"
-                             "指定してください。"))
-    if backend == "nccl":
-        check_gpus("nccl", nproc)
+    check_gpus(backend, nproc)
     return backend
 
 
@@ -42,20 +38,11 @@ def describe(nproc, backend="auto"):
     procs = f"{nproc} process" + ("es" if nproc != 1 else "")
     if chosen == "nccl":
         return tr(f"{procs}, one per GPU, with nccl.", f"GPU 1枚につき 1個、計 {nproc}個のプロセスを nccl で動かします。")
-    if gpus == 0:
-        why_en, why_ja = "this machine has no GPU", "このマシンには GPU がありません"
-    elif backend == "gloo":
-        why_en, why_ja = "gloo was asked for", "gloo が指定されました"
-    else:
-        why_en, why_ja = f"nccl needs one GPU per process and this machine has {gpus}", \
-            f"nccl には 1個のプロセスに GPU が 1枚必要ですが、このマシンの GPU は {gpus}枚です"
-    return tr(f"{procs} on the CPU with gloo ({why_en}).",
-              f"{nproc}個のプロセスを CPU 上で gloo を使って動かします（{why_ja}）。")
-
-
-def _max_cpu_processes():
-    """The most CPU (gloo) processes :func:`launch` starts here: 4 per core, and at least 8."""
-    return max(8, 4 * (os.cpu_count() or 1))
+    why = tr("this machine has no GPU", "このマシンには GPU がありません") if gpus == 0 else \
+        tr("gloo was asked for", "gloo が指定されました") if backend == "gloo" else \
+        tr(f"nccl needs one GPU per process and this machine has {gpus}",
+           f"nccl には 1個のプロセスに GPU が 1枚必要ですが、このマシンの GPU は {gpus}枚です")
+    return tr(f"{procs} on the CPU with gloo ({why}).", f"{nproc}個のプロセスを CPU 上で gloo を使って動かします（{why}）。")
 
 
 def check_gpus(backend, nproc):
@@ -83,31 +70,25 @@ def free_port(host="127.0.0.1"):
         return s.getsockname()[1]
 
 
-def _port_in_use(port, host, why=""):
-    other = free_port(host)
-    return LaunchError(tr(
-        f"Port {port} on {host} is already in use{why}: another training run or program listens there, and the "
-        f"rendezvous server must open on it. Pick another port, e.g. --port {other} (free right now; "
-        f"MASTER_PORT={other} in the environment works too), or --port 0 to let the system choose a free one. "
-        "`ss -ltnp` shows which program holds a port.",
-        f"{host} のポート {port} はすでに使われています{why}。別の訓練やプログラムがそこで待ち受けていますが、ランデブーの"
-        f"サーバーはこのポートで開く必要があります。別のポートを選んでください。例えば --port {other}（今は空いています。"
-        f"環境変数 MASTER_PORT={other} でも指定できます）、または --port 0 で空いているポートをシステムに選ばせます。"
-        "どのプログラムがポートを使っているかは `ss -ltnp` でわかります。"))
-
-
 def check_port(port, host="127.0.0.1"):
     """Raise a clear error if a rendezvous server could not listen on ``host:port`` (bind test). Explained in 06_ddp."""
-    if not (isinstance(port, int) and not isinstance(port, bool) and 0 < port < 65536):
-        raise ConfigError(tr(f"MASTER_PORT={port!r} is not a TCP port: use a number between 1024 and 65535, e.g. 29500.",
-                             f"MASTER_PORT={port!r} は TCP ポートではありません。1024 から 65535 までの数（例: 29500）を"
-                             "指定してください。"))
+    int_in(port, "MASTER_PORT", 1, 65535, 29500)
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a port in TIME_WAIT is usable; a listening one is not
         try:
             s.bind((host, port))
         except OSError as e:
-            raise _port_in_use(port, host, f" ({e.strerror})") from None
+            other = free_port(host)
+            raise LaunchError(tr(
+                f"Port {port} on {host} is already in use ({e.strerror}): another training run or program listens "
+                f"there, and the rendezvous server must open on it. Pick another port, e.g. --port {other} (free right "
+                f"now; MASTER_PORT={other} in the environment works too), or --port 0 to let the system choose a free "
+                "one. `ss -ltnp` shows which program holds a port.",
+                f"{host} のポート {port} はすでに使われています（{e.strerror}）。別の訓練やプログラムがそこで待ち受けて"
+                f"いますが、ランデブーのサーバーはこのポートで開く必要があります。別のポートを選んでください。例えば "
+                f"--port {other}（今は空いています。環境変数 MASTER_PORT={other} でも指定できます）、または --port 0 で"
+                "空いているポートをシステムに選ばせます。どのプログラムがポートを使っているかは `ss -ltnp` でわかります。"
+            )) from None
 
 
 def rendezvous_env(environ=None):
@@ -140,19 +121,8 @@ def rendezvous_env(environ=None):
                              f"ランデブーの環境変数に整数でない値があります（{e}）。RANK、LOCAL_RANK、WORLD_SIZE、"
                              "MASTER_PORT は数でなければなりません。")) from None
     info["master_addr"] = env["MASTER_ADDR"]
-    if not 0 <= info["rank"] < info["world_size"]:
-        raise ConfigError(tr(f"RANK={info['rank']} is outside 0..WORLD_SIZE-1 (WORLD_SIZE={info['world_size']}).",
-                             f"RANK={info['rank']} が 0 から WORLD_SIZE-1 の範囲外です（WORLD_SIZE={info['world_size']}）。"))
+    int_in(info["rank"], "RANK", 0, info["world_size"] - 1, where=f"WORLD_SIZE={info['world_size']}")
     return info
-
-
-def _seconds(timeout):
-    if timeout is None:
-        return None
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < float("inf"):
-        raise ConfigError(tr(f"timeout={timeout!r}: give the seconds a collective may wait, e.g. 30, or None.",
-                             f"timeout={timeout!r}: 集団通信が待てる秒数を 30 のように指定するか、None にしてください。"))
-    return timedelta(seconds=timeout)
 
 
 @contextlib.contextmanager
@@ -164,17 +134,13 @@ def process_group(backend="auto", timeout=None, store=None):
     on success and on error, so a failing rank does not leave its communicator behind.
     """
     info = rendezvous_env()
-    info["backend"] = backend = choose_backend(backend, info["local_world_size"])
-    check_gpus(backend, info["local_world_size"])
+    info["backend"] = backend = choose_backend(backend, info["local_world_size"])  # nccl: one GPU per process
+    info["device"] = torch.device("cuda", info["local_rank"]) if backend == "nccl" else torch.device("cpu")
     if backend == "nccl":
-        torch.cuda.set_device(info["local_rank"])
-        info["device"] = torch.device("cuda", info["local_rank"])
-    else:
-        info["device"] = torch.device("cpu")
-    extra = {"timeout": _seconds(timeout)} if timeout is not None else {}
-    if store is not None:
-        extra["store"] = store
-    dist.init_process_group(backend, rank=info["rank"], world_size=info["world_size"], **extra)
+        torch.cuda.set_device(info["device"])
+    timeout = seconds(timeout, "timeout", "process_group")
+    dist.init_process_group(backend, rank=info["rank"], world_size=info["world_size"], store=store,
+                            timeout=None if timeout is None else timedelta(seconds=timeout))
     try:
         yield info
     finally:

@@ -1,4 +1,4 @@
-"""Worker modules a notebook writes for itself, and rank 0's output shown in the notebook while ranks run.
+"""Worker modules a notebook writes for itself: the ``%%worker`` cell magic.
 
 A spawned process imports its worker by module name, and a notebook's own functions live in ``__main__``, which
 no other process can import. The ``%%worker NAME`` cell magic (``%load_ext mparlib.launch`` first) turns a code
@@ -38,20 +38,12 @@ def write_worker(name, source):
                              "ください。"))
     folder = worker_folder()
     path = folder / f"{name}.py"
-    existing = sys.modules.get(name)
-    origin = getattr(existing, "__file__", None)
-    if existing is not None and (origin is None or Path(origin).parent != folder):
-        raise ConfigError(tr(f"%%worker {name}: a module named {name!r} is already imported from elsewhere "
-                             f"({type(existing).__name__} {name}); a worker of that name would hide it. Choose "
-                             "another name, e.g. my_workers.",
-                             f"%%worker {name}: {name!r} という名前のモジュールはすでに別の場所からインポートされて"
-                             "います。同じ名前のワーカーはそれを隠してしまうので、my_workers のような別の名前を付けて"
-                             "ください。"))
-    if existing is None and importlib.util.find_spec(name) is not None and not path.exists():
-        raise ConfigError(tr(f"%%worker {name}: {name!r} is the name of an installed module; a worker of that name "
-                             "would hide it from every process. Choose another name, e.g. my_workers.",
-                             f"%%worker {name}: {name!r} はインストール済みのモジュールの名前です。同じ名前のワーカーは"
-                             "すべてのプロセスからそれを隠してしまうので、my_workers のような別の名前を付けてください。"))
+    if not path.exists() and (name in sys.modules or importlib.util.find_spec(name) is not None):
+        raise ConfigError(tr(f"%%worker {name}: a module named {name!r} is already imported or installed; a worker "
+                             "of that name would hide it from every process. Choose another name, e.g. my_workers.",
+                             f"%%worker {name}: {name!r} という名前のモジュールはすでにインポートされているか、"
+                             "インストールされています。同じ名前のワーカーはすべてのプロセスからそれを隠してしまうので、"
+                             "my_workers のような別の名前を付けてください。"))
     path.write_text(source if source.endswith("\n") else source + "\n", encoding="utf-8")
     importlib.invalidate_caches()
     sys.modules.pop(name, None)  # an edited cell replaces the module: import it afresh
@@ -71,35 +63,3 @@ def register_magic(ipython):
 
     ipython.register_magic_function(worker, magic_kind="cell", magic_name="worker")
 
-
-class _LogEcho:
-    """Print new lines of rank 0's log here, and (in Jupyter) show rank 0's PNG each time it changes."""
-
-    def __init__(self, log_path, offset, png_path):
-        from .progress import in_kernel
-
-        self.log_path, self.png_path = log_path, Path(png_path) if png_path else None
-        self.offset, self.png_stamp, self.handle = offset, None, None
-        self.kernel = in_kernel()
-
-    def poll(self):
-        """Echo whole lines written since the last call; refresh the figure if its file changed."""
-        if self.log_path is not None and Path(self.log_path).exists():
-            with open(self.log_path, "rb") as f:
-                f.seek(self.offset)
-                data = f.read()
-            cut = data.rfind(b"\n") + 1  # whole lines only
-            if cut:
-                self.offset += cut
-                print(data[:cut].decode("utf-8", errors="replace"), end="", flush=True)
-        if self.kernel and self.png_path is not None and self.png_path.exists():
-            stamp = self.png_path.stat().st_mtime_ns
-            if stamp != self.png_stamp:
-                self.png_stamp = stamp
-                from IPython.display import Image, display
-
-                image = Image(data=self.png_path.read_bytes())
-                if self.handle is None:
-                    self.handle = display(image, display_id=True)
-                else:
-                    self.handle.update(image)
