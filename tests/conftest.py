@@ -6,6 +6,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from children import make_child_env
+
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None)
 
@@ -34,20 +36,7 @@ def english(monkeypatch):
     monkeypatch.setenv("MPARLIB_LANG", "en")
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def child_env():
-    """``child_env(*paths, **extra)``: the environment for child programs (see :func:`make_child_env`)."""
+    """``child_env(*paths, **extra)``: the environment for child programs (``children.make_child_env``)."""
     return make_child_env
-
-
-def make_child_env(*paths, **extra):
-    """The environment for a child Python program: one thread, English messages, no rendezvous variables inherited,
-    this checkout (and ``paths``) first on ``PYTHONPATH``; ``extra`` adds or replaces variables."""
-    from mparlib.rendezvous import RENDEZVOUS_VARS
-
-    drop = set(RENDEZVOUS_VARS) | {"LOCAL_RANK", "TORCHELASTIC_RUN_ID"}
-    env = {k: v for k, v in os.environ.items() if k not in drop}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [*map(str, paths), str(ROOT), env.get("PYTHONPATH")]))
-    env.update(OMP_NUM_THREADS="1", MPARLIB_QUIET="1", MPARLIB_LANG="en")
-    env.update({k: str(v) for k, v in extra.items()})
-    return env

@@ -12,7 +12,7 @@ def one_step(x, y, lr=0.1, seed=0, model="mlp"):
     """One SGD step of DDP where rank r trains on its contiguous slice of ``x, y``; returns the new parameters."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from mparlib.ddp import make_model
+    from mparlib.ddp_train import make_model
 
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(seed)

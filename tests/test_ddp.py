@@ -16,15 +16,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import make_child_env
+from children import make_child_env
 from launch_workers import one_step
 from mparlib import ddp, launch, rendezvous, throughput
 from mparlib.checkpoint import load_checkpoint
-from mparlib.sources import read_split
 from mparlib.ddp_train import DDPConfig, check_run, make_model, train_worker
 from mparlib.errors import CheckpointError, ConfigError, LaunchError, OutputLocked, TrainingDiverged, WorkerFailed
 from mparlib.runfolder import lock_folder, read_checkpoint
-from mparlib.sources import locate
+from mparlib.sources import locate, read_split
 
 PY = sys.executable
 TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
