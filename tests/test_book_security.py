@@ -8,10 +8,8 @@ half-way. The few helpers are copied from tests/test_book.py.
 import base64
 import os
 import shutil
-import struct
 import subprocess
 import sys
-import zlib
 from pathlib import Path
 
 import nbformat
@@ -22,6 +20,7 @@ sys.path.insert(0, str(ROOT / "tools"))  # the book builder is a set of scripts 
 import book  # noqa: E402
 import book_html  # noqa: E402
 import book_pages  # noqa: E402
+from test_book import tiny_png  # noqa: E402  (the same one-colour PNG as the builder's own tests)
 
 SCRIPT = b"<script>alert(document.cookie)</script>"
 WEBP = b"RIFF\x24\x00\x00\x00WEBPVP8 "  # the first bytes of a WebP file
@@ -31,13 +30,6 @@ SVG_PI = (b'<?xml version="1.0" encoding="utf-8"?>\n<?xml-stylesheet type="text/
           b'href="https://example.org/track.css"?>\n<svg xmlns="http://www.w3.org/2000/svg"><rect/></svg>')
 
 
-def tiny_png(rgb=(200, 30, 30), size=2):
-    """A valid PNG of one colour (no imaging library needed)."""
-    def chunk(kind, data):
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
-    raw = b"".join(b"\x00" + bytes(rgb) * size for _ in range(size))
-    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", size, size, 8, 2, 0, 0, 0))
-            + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b""))
 
 
 def b64(data):
