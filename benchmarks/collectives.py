@@ -3,22 +3,24 @@
 Claims under test: (1) the ring all-reduce built from point-to-point messages alone
 (mparlib.collectives.ring_all_reduce) takes at most 2x the time of the backend's own dist.all_reduce for messages of
 16 MiB and more on 2 ranks, measured in the same run; (2) the latency-bandwidth model t = alpha + n * beta, fitted
-to the measured dist.all_reduce times (least squares on relative errors), predicts them within 25% for messages of
-64 KiB and more, on every world size measured.
+to the measured dist.all_reduce times from 64 KiB to 256 MiB (least squares on relative errors), predicts every
+one of them within 25%, on every world size measured.
 
-Hardware and software: recorded in the JSON (CPU count, GPUs, backend, torch version, git commit, load average at
-the start: on a machine shared with other work the times are noisy, and such runs can be recognised).
+Hardware and software: recorded in the JSON (CPU count, GPUs, backend, torch version, git commit, the 1-minute load
+average before and after the run and per point, and `busy` when it exceeds 0.3 per core: on a machine shared with
+other work the times are noisy, and such a run is marked, never called quiet).
 
-Method: float32 messages from 4 KiB to 256 MiB (sizes x4 apart) on 2 and 4 ranks: CPU processes with gloo, or one
-process per GPU with nccl where the machine has a GPU for each. Per size and method: `warmup` untimed calls, then
-`repeats` timed calls; the ranks meet at a barrier before each call, the clock is read after CUDA has finished, and a
-call's time is the slowest rank's (mparlib.collectives.time_collective); the median is reported. Algorithm
-bandwidth = bytes / time; bus bandwidth = algorithm bandwidth x 2(k-1)/k (the nccl-tests convention). The ring
-keeps its receive buffers for the whole run (mparlib.collectives.bandwidth_worker holds them, as the backend holds
-its own): a fresh buffer per call would add first-touch page faults to every receive.
+Method: float32 messages from 64 KiB to 256 MiB (sizes x4 apart) on 2 and 4 ranks: CPU processes with gloo, or one
+process per GPU with nccl where the machine has a GPU for each. Every point is timed by mparlib.timing.measure
+(through mparlib.collectives.time_collective): `warmup` untimed calls, then timed calls until they add up to at least
+`min_seconds` and number at least `min_repeats`; the ranks meet at a barrier before each call, the clock is read
+after CUDA has finished, a call's time is the slowest rank's, and the median is reported with its spread (min, max,
+quartiles). Algorithm bandwidth = bytes / median time; bus bandwidth = algorithm bandwidth x 2(k-1)/k (the
+nccl-tests convention). The ring keeps its receive buffers for the whole run (mparlib.collectives.bandwidth_worker
+holds them, as the backend holds its own) and skips its input check, one extra small all-gather per call.
 
-    python benchmarks/collectives.py            # the measurement (about a minute on 2 idle cores)
-    python benchmarks/collectives.py --quick    # a short check: 4 sizes up to 16 MiB, 3 repeats
+    python benchmarks/collectives.py            # the measurement (a minute or two on 2 cores)
+    python benchmarks/collectives.py --quick    # a short check: 3 sizes up to 16 MiB
     python benchmarks/collectives.py --backend gloo --world-sizes 2   # CPU processes only, on 2 ranks
 Writes benchmarks/results/collectives-<host>-<date>.json.
 """
@@ -41,17 +43,18 @@ from mparlib.rendezvous import choose_backend  # noqa: E402
 
 KiB, MiB = 1024, 1024 ** 2
 HYPER = {
-    "sizes": [4 * KiB * 4 ** i for i in range(9)],  # 4 KiB .. 256 MiB
+    "sizes": [64 * KiB * 4 ** i for i in range(7)],  # 64 KiB .. 256 MiB
     "world_sizes": [2, 4],
     "methods": ["all_reduce", "ring"],
-    "repeats": 5,
     "warmup": 1,
+    "min_seconds": 0.05,  # per point: timed calls until they add up to this ...
+    "min_repeats": 5,  # ... and number at least this
     "goal_ring_ratio": 2.0,  # ring time / all_reduce time, at most, for sizes >= goal_ring_min_bytes on 2 ranks
     "goal_ring_min_bytes": 16 * MiB,
     "goal_fit_error": 0.25,  # |model - measured| / measured, at most, for sizes >= goal_fit_min_bytes
     "goal_fit_min_bytes": 64 * KiB,
 }
-QUICK = {"sizes": [4 * KiB, 64 * KiB, 1 * MiB, 16 * MiB], "repeats": 3}
+QUICK = {"sizes": [64 * KiB, 1 * MiB, 16 * MiB]}
 
 
 def goals(h, rows, fits):
@@ -76,7 +79,7 @@ def goals(h, rows, fits):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="a short check: 4 sizes up to 16 MiB, 3 repeats")
+    ap.add_argument("--quick", action="store_true", help="a short check: 3 sizes up to 16 MiB")
     ap.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto",
                     help="auto: nccl where there is a GPU per rank, else gloo on the CPU")
     ap.add_argument("--world-sizes", type=int, nargs="+", default=HYPER["world_sizes"], metavar="K")
@@ -94,7 +97,8 @@ def main(argv=None):
             print(f"error: {e}", file=sys.stderr)
             return 2
         rows += launch(collectives.bandwidth_worker, k, args=(h["sizes"],), backend=backends[k],
-                       kwargs=dict(methods=h["methods"], repeats=h["repeats"], warmup=h["warmup"]), echo=False)
+                       kwargs=dict(methods=h["methods"], warmup=h["warmup"], min_seconds=h["min_seconds"],
+                                   min_repeats=h["min_repeats"]), echo=False)
         measured = [r for r in rows if r["world_size"] == k and r["method"] == "all_reduce"]
         fits[k] = collectives.fit_alpha_beta([r["bytes"] for r in measured], [r["seconds"] for r in measured])
     result = {
@@ -103,22 +107,32 @@ def main(argv=None):
         "hyperparameters": h,
         "rows": rows,
         "alpha_beta": {str(k): {"alpha_s": f["alpha"], "beta_s_per_byte": f["beta"], "bandwidth_bytes_per_s":
-                                f["bandwidth"], "relative_errors": f["relative_errors"]} for k, f in fits.items()},
+                                f["bandwidth"], "relative_errors": f["relative_errors"],
+                                "relative_error_by_bytes": {str(r["bytes"]): e for r, e in zip(
+                                    [r for r in rows if r["world_size"] == k and r["method"] == "all_reduce"],
+                                    f["relative_errors"])}} for k, f in fits.items()},
         "goals": goals(h, rows, fits),
         "hardware": start | {"backends": {str(k): b for k, b in backends.items()}},
+        "load": record.load(start),
         "software": record.software(nccl=".".join(map(str, torch.cuda.nccl.version())) if num_gpus() else None),
         "seconds": round(time.time() - t0, 1),
         "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
     path = record.save(result, args.out, "collectives")
-    print(f"{'ranks':>5} {'backend':>7} {'method':>10} {'bytes':>11} {'time (ms)':>10} {'algbw GB/s':>10} "
-          f"{'busbw GB/s':>10}")
+    print(f"{'ranks':>5} {'backend':>7} {'method':>10} {'bytes':>11} {'median ms':>10} {'min ms':>8} {'max ms':>8} "
+          f"{'calls':>5} {'busbw GB/s':>10} {'fit error':>9}")
+    errors = {(r["world_size"], r["bytes"]): e for k, f in fits.items() for r, e in zip(
+        [r for r in rows if r["world_size"] == k and r["method"] == "all_reduce"], f["relative_errors"])}
     for r in rows:
+        error = errors.get((r["world_size"], r["bytes"])) if r["method"] == "all_reduce" else None
         print(f"{r['world_size']:>5} {r['backend']:>7} {r['method']:>10} {r['bytes']:>11} {r['seconds'] * 1e3:>10.3f} "
-              f"{r['algbw'] / 1e9:>10.3f} {r['busbw'] / 1e9:>10.3f}")
+              f"{r['min'] * 1e3:>8.3f} {r['max'] * 1e3:>8.3f} {r['repeats']:>5} {r['busbw'] / 1e9:>10.3f} "
+              f"{'' if error is None else f'{error:+.0%}':>9}")
     for k, f in fits.items():
-        print(f"alpha-beta, {k} ranks: alpha {f['alpha'] * 1e6:.1f} us, bandwidth {f['bandwidth'] / 1e9:.3f} GB/s, "
-              f"relative errors {', '.join(f'{e:+.0%}' for e in f['relative_errors'])}")
+        print(f"alpha-beta, {k} ranks: alpha {f['alpha'] * 1e6:.1f} us, bandwidth {f['bandwidth'] / 1e9:.3f} GB/s")
+    load = result["load"]
+    print(f"load average (1 min): {load['load_1min_before']} before, {load['load_1min_after']:.2f} after, "
+          f"{load['load_per_core']:.2f} per core: {'BUSY' if load['busy'] else 'quiet'}")
     for name, g in result["goals"].items():
         print(f"goal {name}: {'not measured' if g['met'] is None else 'met' if g['met'] else 'NOT met'}")
     print(f"-> {path}")

@@ -33,6 +33,24 @@ def machine(**extra):
             "gpus": gpus, "load_average_at_start": os.getloadavg() if hasattr(os, "getloadavg") else None, **extra}
 
 
+def load(start_machine, cores=None):
+    """The load average before (from ``machine()``) and after a run, per core, and whether the run was busy.
+
+    ``busy``: the 1-minute load average per core exceeded ``mparlib.timing.BUSY_LOAD_PER_CORE`` (0.3) at the start
+    or at the end; other work then competed for the processors, and the run must not be called quiet.
+    """
+    from mparlib.timing import BUSY_LOAD_PER_CORE, load_average
+
+    cores = cores or os.cpu_count() or 1
+    before = (start_machine.get("load_average_at_start") or [None])[0]
+    after = load_average()
+    known = [v for v in (before, after) if v is not None]
+    per_core = max(known) / cores if known else None
+    return {"load_1min_before": before, "load_1min_after": after, "cores": cores, "load_per_core": per_core,
+            "busy_threshold_per_core": BUSY_LOAD_PER_CORE,
+            "busy": per_core is not None and per_core > BUSY_LOAD_PER_CORE}
+
+
 def software(**extra):
     """Python, torch and CUDA versions and the commit (plus ``extra``)."""
     return {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,

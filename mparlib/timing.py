@@ -1,10 +1,19 @@
-"""Timing that tells the truth on GPUs: a synchronising stopwatch and a measured matmul peak. Explained in 00_setup."""
+"""Timing that tells the truth on GPUs: a synchronising stopwatch and a measured matmul peak. Explained in 00_setup.
+
+:func:`measure` is the course's one way to time a short operation (communication, a schedule, a step): warm-up
+calls, then repeats until both a minimum total duration and a minimum count are reached, the device synchronised
+around each call; it returns a :class:`Timing` with the median, the spread and the machine's load average before
+and after, so that a number measured on a busy machine says so.
+"""
 import itertools
+import os
+import statistics
 import time
+from dataclasses import dataclass
 
 import torch
 
-from .checks import positive_int
+from .checks import finite_float, positive_int
 from .devices import check_device
 from .errors import ConfigError
 from .lang import tr
@@ -99,3 +108,119 @@ class Timer:
     def cumsum(self):
         """Running totals of the laps."""
         return list(itertools.accumulate(self.times))
+
+
+BUSY_LOAD_PER_CORE = 0.3  # 1-minute load average per core above which a measurement is marked busy
+
+
+def load_average():
+    """The machine's 1-minute load average, or None where the system has none. Explained in 08_collectives."""
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):  # e.g. Windows
+        return None
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Seconds of repeated calls with their median, spread and the load around them. Explained in 08_collectives.
+
+    ``times``: one entry per timed call (after the warm-up). ``load_before`` / ``load_after``: the 1-minute load
+    average when the timing began and ended (None where unknown); ``busy`` is true when either, divided by
+    ``cores``, exceeds ``busy_per_core``: other work competed for the processors and the spread is to be trusted
+    less. Quartiles are those of ``statistics.quantiles(..., method="inclusive")``.
+    """
+
+    times: tuple
+    load_before: object = None
+    load_after: object = None
+    cores: int = 1
+    busy_per_core: float = BUSY_LOAD_PER_CORE
+
+    def __post_init__(self):
+        if not self.times or any(not (t >= 0) for t in self.times):
+            raise ConfigError(tr(f"Timing needs at least one non-negative time, not {list(self.times)[:5]}.",
+                                 f"Timing には 0以上の時間が 1つ以上必要です（{list(self.times)[:5]} ではなく）。"))
+        object.__setattr__(self, "times", tuple(float(t) for t in self.times))
+
+    @property
+    def median(self):
+        """The median time in seconds."""
+        return statistics.median(self.times)
+
+    @property
+    def quartiles(self):
+        """``(q1, q3)``, the first and third quartiles in seconds (both the one time when there is one)."""
+        if len(self.times) == 1:
+            return self.times[0], self.times[0]
+        q1, _, q3 = statistics.quantiles(self.times, n=4, method="inclusive")
+        return q1, q3
+
+    @property
+    def iqr(self):
+        """Interquartile range in seconds: ``q3 - q1``."""
+        q1, q3 = self.quartiles
+        return q3 - q1
+
+    @property
+    def load_per_core(self):
+        """The larger of the two load averages divided by ``cores``; None if neither is known."""
+        loads = [v for v in (self.load_before, self.load_after) if v is not None]
+        return max(loads) / self.cores if loads else None
+
+    @property
+    def busy(self):
+        """Whether the load per core exceeded ``busy_per_core`` before or after the timing."""
+        per_core = self.load_per_core
+        return per_core is not None and per_core > self.busy_per_core
+
+    def summary(self):
+        """A dict for JSON and tables: median, min, max, q1, q3, iqr (seconds), repeats, load and busy."""
+        q1, q3 = self.quartiles
+        return {"median": self.median, "min": min(self.times), "max": max(self.times), "q1": q1, "q3": q3,
+                "iqr": q3 - q1, "repeats": len(self.times), "total": sum(self.times),
+                "load_before": self.load_before, "load_after": self.load_after, "cores": self.cores,
+                "busy": self.busy}
+
+
+def measure(fn, *, warmup=1, min_seconds=0.05, min_repeats=5, max_repeats=10_000, device=None, before=None,
+            across=None, clock=time.perf_counter, load=load_average, cores=None):
+    """Time ``fn()``: warm up, then repeat until >= ``min_seconds`` and >= ``min_repeats``. Explained in 08_collectives.
+
+    ``warmup`` untimed calls first (caches, allocations, connections). Then timed calls, each between two device
+    synchronisations (``device``: None synchronises every GPU, a no-op without CUDA), until their total reaches
+    ``min_seconds`` *and* there were ``min_repeats`` of them, or ``max_repeats`` were made. ``before()``, if given, runs
+    untimed before every call (a barrier, refilling an input). ``across(values) -> values``: for a collective timed
+    on every rank, the elementwise maximum over the ranks; every rank then decides to stop at the same repeat, and
+    each call's time is the slowest rank's. ``clock`` and ``load`` are ``time.perf_counter`` and
+    :func:`load_average` (replaceable, e.g. in tests). Returns a :class:`Timing`.
+    """
+    warmup = positive_int(warmup, "warmup", 1, "measure", minimum=0)
+    min_repeats = positive_int(min_repeats, "min_repeats", 5, "measure")
+    max_repeats = positive_int(max_repeats, "max_repeats", 10_000, "measure", minimum=min_repeats)
+    min_seconds = finite_float(min_seconds, "min_seconds", 0.05, "measure", minimum=0)
+    device = None if device is None else check_device(device, "device")
+    cores = positive_int(cores if cores is not None else os.cpu_count() or 1, "cores", 2, "measure")
+    start_load = load()
+    for _ in range(warmup):
+        if before is not None:
+            before()
+        fn()
+    _wait(device)
+    times = []
+    while True:
+        if before is not None:
+            before()
+        _wait(device)
+        start = clock()
+        fn()
+        _wait(device)
+        times.append(clock() - start)
+        more = len(times) < max_repeats and (len(times) < min_repeats or sum(times) < min_seconds)
+        if across is not None and len(times) < max_repeats:
+            more = across([1.0 if more else 0.0])[0] > 0  # continue while any rank wants more
+        if not more:
+            break
+    if across is not None:
+        times = across(times)
+    return Timing(tuple(times), start_load, load(), cores)

@@ -13,8 +13,8 @@ import torch
 import torch.distributed as dist
 
 from mparlib import collectives, diagrams
-from mparlib.collectives import (chunk_bounds, collective_patterns, fit_alpha_beta, ring_all_reduce, ring_contents,
-                                 ring_schedule)
+from mparlib.collectives import (IN_USE, chunk_bounds, collective_patterns, fit_alpha_beta, ring_all_gather,
+                                 ring_all_reduce, ring_contents, ring_reduce_scatter, ring_schedule)
 from mparlib.errors import ConfigError, LaunchError
 from mparlib.launch import launch
 from mparlib.rendezvous import device
@@ -118,9 +118,90 @@ def pattern_cases():
     return gathered
 
 
+REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor  # torch >= 2.13: new name
+ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+def phase_cases(seed=0):
+    """Every rank: the ring's two phases vs dist's reduce-scatter and all-gather, and the composition of the two."""
+    rank, k, dev = dist.get_rank(), dist.get_world_size(), device()
+    g = torch.Generator().manual_seed(seed + 7 + 1000 * rank)
+    rows = []
+    for per_rank in (0, 1, 3, 250):
+        n = per_rank * k  # k divides n: the layout of dist.reduce_scatter_tensor
+        for dtype in (torch.int64, torch.float32, torch.float64):
+            if dtype.is_floating_point:
+                x = torch.randn(n, generator=g, dtype=dtype).mul_(10.0 ** rank).to(dev)
+            else:
+                x = torch.randint(-10**6, 10**6, (n,), generator=g).to(dtype).to(dev)
+            ours, ref = x.clone(), torch.empty(per_rank, dtype=dtype, device=dev)
+            shard = ring_reduce_scatter(ours)
+            REDUCE_SCATTER(ref, x.clone())
+            rows.append(("reduce-scatter", n, str(dtype), shard.data_ptr() == ours[rank * per_rank:].data_ptr()
+                         or per_rank == 0, *_close(shard, ref, x)))
+            ring_all_gather(ours)  # completes the all-reduce that reduce-scatter began
+            total = x.clone()
+            dist.all_reduce(total)
+            rows.append(("reduce-scatter + all-gather", n, str(dtype), True, *_close(ours, total, x)))
+            mine = torch.zeros(n, dtype=dtype, device=dev)
+            mine[rank * per_rank:(rank + 1) * per_rank] = x[:per_rank]  # rank r contributes chunk r
+            gathered = torch.empty(n, dtype=dtype, device=dev)
+            ALL_GATHER(gathered, x[:per_rank].clone())
+            returned = ring_all_gather(mine)
+            rows.append(("all-gather", n, str(dtype), returned is mine, torch.equal(mine, gathered), 0, 0))
+    uneven = torch.arange(2 * k + 1, device=dev) * (rank + 1)  # chunks of different sizes: chunk_bounds' cut
+    a, b = chunk_bounds(2 * k + 1, k)[rank]
+    total = uneven.clone()
+    dist.all_reduce(total)
+    rows.append(("uneven reduce-scatter", 2 * k + 1, "int64", True,
+                 torch.equal(ring_reduce_scatter(uneven.clone()), total[a:b]), 0, 0))
+    gathered = [None] * k
+    dist.all_gather_object(gathered, [(rank, *row) for row in rows])
+    return [row for rank_rows in gathered for row in rank_rows]
+
+
+def _close(ours, ref, x):
+    """(exact, max difference, tolerance) of two results of a sum over the ranks of ``x``."""
+    if not x.dtype.is_floating_point or ours.numel() == 0:
+        return torch.equal(ours, ref), 0, 0
+    scale = x.abs()
+    dist.all_reduce(scale)
+    k = dist.get_world_size()
+    return torch.equal(ours, ref), (ours - ref).abs().max().item(), 2 * k * torch.finfo(x.dtype).eps * scale.max().item()
+
+
+def refusal_cases():
+    """Every rank: the ring's input check (ranks that disagree) and its guard on a buffers dict in use."""
+    rank, dev = dist.get_rank(), device()
+    messages = {}
+    cases = {"numel": torch.ones(5 if rank == 1 else 4, device=dev),
+             "int/float": torch.ones(4, dtype=torch.float32 if rank == 0 else torch.int64, device=dev),
+             "float32/float64": torch.ones(4, dtype=torch.float64 if rank == 0 else torch.float32, device=dev)}
+    for name, x in cases.items():
+        for fn in (ring_all_reduce, ring_reduce_scatter, ring_all_gather):
+            try:
+                fn(x)
+                messages[f"{name} {fn.__name__}"] = None
+            except ConfigError as e:
+                messages[f"{name} {fn.__name__}"] = str(e)
+    try:
+        ring_all_reduce(torch.ones(4, device=dev), buffers={IN_USE: ("another call", 1)})
+        messages["in use"] = None
+    except ConfigError as e:
+        messages["in use"] = str(e)
+    after = torch.full((3,), float(rank), device=dev)
+    ring_all_reduce(after)  # the ranks are still in step after every refusal
+    messages["still in step"] = after.tolist()
+    gathered = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, messages)
+    return gathered
+
+
 def both(seed=0):
-    """One run of both checks (a start of the ranks costs seconds)."""
-    return {"ring": ring_cases(seed), "patterns": pattern_cases()}
+    """One run of all checks (a start of the ranks costs seconds)."""
+    k = dist.get_world_size()
+    return {"ring": ring_cases(seed), "patterns": pattern_cases(), "phases": phase_cases(seed),
+            "refusals": refusal_cases() if k >= 2 else None}
 
 
 # ------------------------------------------------------------------------------------------------ pure arithmetic
@@ -153,8 +234,8 @@ def test_the_simulated_ring_ends_with_every_sum_everywhere(k):
     everyone = frozenset(range(k))
     assert all(chunk == everyone for row in states[-1] for chunk in row)
     after_reduce_scatter = states[k - 1]
-    for r in range(k):  # rank r owns the full sum of chunk r + 1 when the all-gather begins
-        assert after_reduce_scatter[r][(r + 1) % k] == everyone
+    for r in range(k):  # rank r owns the full sum of chunk r when the all-gather begins (dist.reduce_scatter_tensor)
+        assert after_reduce_scatter[r][r] == everyone
         assert sum(chunk == everyone for chunk in after_reduce_scatter[r]) == 1
 
 
@@ -229,11 +310,38 @@ def _check_patterns(gathered, k):
                     assert have == want, f"{name}, rank {r}, position {j}: {sorted(have)} != {sorted(want)}"
 
 
+def _check_phases(rows, k):
+    assert len(rows) == k * (4 * 3 * 3 + 1)  # 4 sizes x 3 dtypes x 3 checks, and the uneven case, on every rank
+    for rank, name, n, dtype, same_object, exact, difference, tolerance in rows:
+        assert same_object, f"rank {rank}, {name} n={n} {dtype}: not the rank's own chunk / tensor"
+        if dtype == "torch.int64" or "all-gather" == name or "uneven" in name:
+            assert exact, f"rank {rank}, {name} n={n} {dtype}: differs from torch.distributed"
+        else:
+            assert difference <= tolerance, f"rank {rank}, {name} n={n} {dtype}: {difference} > {tolerance}"
+
+
+def _check_refusals(gathered, k):
+    for rank, messages in enumerate(gathered):
+        for fn in ("ring_all_reduce", "ring_reduce_scatter", "ring_all_gather"):
+            numel = messages[f"numel {fn}"]
+            assert numel and fn in numel and "rank(s) 1: 5 elements of torch.float32" in numel, numel
+            assert f"rank(s) 0, {', '.join(map(str, range(2, k)))}" in numel or k == 2, numel
+            mixed = messages[f"int/float {fn}"]
+            assert mixed and "rank(s) 0: 4 elements of torch.float32" in mixed and "integer and floating" in mixed
+            wide = messages[f"float32/float64 {fn}"]
+            assert wide and "torch.float64" in wide and "integer and floating" not in wide
+        assert messages["in use"] and "already in use" in messages["in use"]
+        assert messages["still in step"] == [float(sum(range(k)))] * 3
+
+
 @pytest.mark.parametrize("k", [1, 2, 3, 4])
 def test_ring_equals_all_reduce_and_the_figure_of_each_collective_is_true(k):
-    result = launch(both, k, args=(k,), backend="gloo", echo=False, timeout=60)
+    result = launch(both, k, args=(k,), backend="gloo", echo=False, timeout=120)
     _check_rows(result["ring"], k)
     _check_patterns(result["patterns"], k)
+    _check_phases(result["phases"], k)
+    if k >= 2:
+        _check_refusals(result["refusals"], k)
 
 
 @pytest.mark.gpu
@@ -244,3 +352,5 @@ def test_ring_equals_all_reduce_on_gpus_with_nccl():
     result = launch(both, k, backend="nccl", echo=False, timeout=120)
     _check_rows(result["ring"], k)
     _check_patterns(result["patterns"], k)
+    _check_phases(result["phases"], k)
+    _check_refusals(result["refusals"], k)

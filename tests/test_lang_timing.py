@@ -104,3 +104,102 @@ def test_timing_helpers_refuse_bad_devices_and_sizes():
     for kw, match in (({"n": 0}, "n=0"), ({"repeats": True}, "repeats=True"), ({"dtype": torch.int64}, "dtype=")):
         with pytest.raises(ConfigError, match=match):
             matmul_tflops("cpu", **kw)
+
+
+class FakeClock:
+    """A clock that moves only when the timed function says so: repeat counts follow from the rules alone."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def _timed(clock, durations):
+    """A function whose n-th call takes durations[n] seconds of the fake clock (the last one repeated)."""
+    calls = []
+
+    def fn():
+        clock.now += durations[min(len(calls), len(durations) - 1)]
+        calls.append(clock.now)
+
+    return fn, calls
+
+
+def test_measure_repeats_until_both_the_minimum_count_and_the_minimum_duration():
+    from mparlib.timing import measure
+
+    clock = FakeClock()
+    fn, calls = _timed(clock, [0.001])  # 1 ms a call: 50 ms need 50 timed calls
+    t = measure(fn, warmup=2, min_seconds=0.05, min_repeats=5, clock=clock, load=lambda: 0.0, cores=2)
+    assert len(t.times) == 50 and len(calls) == 52  # 2 warm-up calls, untimed
+    clock = FakeClock()
+    fn, calls = _timed(clock, [0.2])  # slow calls: the count decides
+    t = measure(fn, warmup=1, min_seconds=0.05, min_repeats=5, clock=clock, load=lambda: 0.0, cores=2)
+    assert len(t.times) == 5 and len(calls) == 6 and t.median == pytest.approx(0.2)
+    clock = FakeClock()
+    fn, calls = _timed(clock, [1e-6])
+    t = measure(fn, warmup=0, min_seconds=10.0, min_repeats=3, max_repeats=7, clock=clock, load=lambda: 0.0)
+    assert len(t.times) == 7  # the cap wins over the minimum duration
+
+
+def test_measure_honours_the_minimum_duration_with_a_real_clock():
+    from mparlib.timing import measure
+
+    t = measure(lambda: time.sleep(0.004), warmup=1, min_seconds=0.03, min_repeats=2)
+    assert sum(t.times) >= 0.03 and len(t.times) >= 2
+
+
+def test_timing_spread_is_ordered_and_the_median_is_the_middle():
+    from mparlib.timing import Timing
+
+    t = Timing((0.5, 0.1, 0.3, 0.2, 0.4, 1.0), 0.0, 0.0, 1)
+    q1, q3 = t.quartiles
+    s = t.summary()
+    assert s["min"] == 0.1 <= q1 <= s["median"] <= q3 <= s["max"] == 1.0
+    assert s["median"] == pytest.approx(0.35) and s["iqr"] == pytest.approx(q3 - q1) and s["repeats"] == 6
+    one = Timing((0.25,))
+    assert one.quartiles == (0.25, 0.25) and one.iqr == 0 and one.median == 0.25
+    with pytest.raises(ConfigError, match="at least one non-negative time"):
+        Timing(())
+
+
+def test_busy_flag_follows_the_load_per_core():
+    from mparlib.timing import Timing, measure
+
+    assert not Timing((1.0,), 0.5, 0.5, 2).busy  # 0.25 per core
+    assert Timing((1.0,), 0.2, 0.7, 2).busy  # the load after the timing counts too: 0.35 per core
+    assert Timing((1.0,), 3.0, 1.0, 16).busy is False and Timing((1.0,), None, None, 2).busy is False
+    assert Timing((1.0,), 1.0, 1.0, 4, busy_per_core=0.2).busy
+    loads = iter([0.1, 1.9])  # before and after
+    clock = FakeClock()
+    fn, _ = _timed(clock, [0.1])
+    t = measure(fn, clock=clock, load=lambda: next(loads), cores=2)
+    assert (t.load_before, t.load_after, t.busy) == (0.1, 1.9, True)
+    assert t.summary()["busy"] is True and t.summary()["load_after"] == 1.9
+
+
+def test_measure_agrees_across_ranks_through_its_hook():
+    from mparlib.timing import measure
+
+    clock, decisions = FakeClock(), []
+    fn, _ = _timed(clock, [0.001])
+
+    def across(values):  # stands for a MAX all-reduce: another rank wants 8 calls, and was slower on each
+        if len(values) == 1:
+            decisions.append(values[0])
+            return [1.0] if len(decisions) < 8 else values
+        return [v * 2 for v in values]
+
+    t = measure(fn, warmup=0, min_seconds=0.0, min_repeats=3, clock=clock, load=lambda: 0.0, across=across)
+    assert len(t.times) == 8 and decisions[:3] == [1.0, 1.0, 0.0] and t.median == pytest.approx(0.002)
+
+
+def test_measure_refuses_bad_settings():
+    from mparlib.timing import measure
+
+    for kw, match in (({"min_repeats": 0}, "min_repeats=0"), ({"min_seconds": -1}, "min_seconds=-1"),
+                      ({"warmup": -1}, "warmup=-1"), ({"max_repeats": 2, "min_repeats": 3}, "max_repeats=2")):
+        with pytest.raises(ConfigError, match=match):
+            measure(lambda: None, **kw)
