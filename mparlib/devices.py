@@ -4,6 +4,7 @@ Device choice lives here, in one place; every chapter asks these functions. Expl
 """
 import os
 import platform
+import unicodedata
 
 import torch
 
@@ -159,6 +160,22 @@ def profile_line():
               f"コースのプロファイル: {p}。変更するには Jupyter を起動する前に MPARLIB_PROFILE={other} を設定します。")
 
 
+def display_width(text):
+    """Columns ``text`` takes in a terminal: East Asian wide and full-width characters count 2. Explained in 08_collectives."""
+    return sum(2 if unicodedata.east_asian_width(c) in "WF" else 0 if unicodedata.combining(c) else 1 for c in str(text))
+
+
+def pad(text, width, align="<"):
+    """``text`` padded with spaces to ``width`` display columns (``align`` ``"<"`` or ``">"``). Explained in 08_collectives.
+
+    ``f"{text:<10}"`` counts characters, so a Japanese label of 5 characters, 10 columns wide, ends a table's column
+    5 columns too late; this counts columns (:func:`display_width`).
+    """
+    text = str(text)
+    fill = " " * max(0, width - display_width(text))
+    return text + fill if one_of(align, "align", ("<", ">"), "pad") == "<" else fill + text
+
+
 def report():
     """One compact table of the software and hardware a notebook runs on. Explained in 00_setup."""
     rows = [
@@ -166,12 +183,12 @@ def report():
         ("torch", torch.__version__),
         ("CUDA (build)", torch.version.cuda or "-"),
         ("cuDNN", str(torch.backends.cudnn.version()) if torch.backends.cudnn.is_available() else "-"),
-        ("CPU threads", str(torch.get_num_threads())),
-        ("GPUs", str(num_gpus())),
+        (tr("CPU threads", "CPU スレッド数"), str(torch.get_num_threads())),
+        (tr("GPUs", "GPU の数"), str(num_gpus())),
     ]
     for i in range(num_gpus()):
         prop = torch.cuda.get_device_properties(i)
         rows.append((f"cuda:{i}", f"{prop.name}, {prop.total_memory / 2**30:.0f} GiB"))
-    rows.append(("profile", profile()))
-    width = max(len(k) for k, _ in rows)
-    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+    rows.append((tr("profile", "プロファイル"), profile()))
+    width = max(display_width(k) for k, _ in rows)
+    return "\n".join(f"{pad(k, width)}  {v}" for k, v in rows)

@@ -203,3 +203,30 @@ def test_measure_refuses_bad_settings():
                       ({"warmup": -1}, "warmup=-1"), ({"max_repeats": 2, "min_repeats": 3}, "max_repeats=2")):
         with pytest.raises(ConfigError, match=match):
             measure(lambda: None, **kw)
+
+
+def test_tables_are_padded_by_display_width():
+    from mparlib.devices import display_width, pad
+
+    assert display_width("abc") == 3 and display_width("方法") == 4 and display_width("ｱ") == 1  # half-width kana
+    assert display_width("（未定義）") == 10 and display_width("e\u0301") == 1  # full-width brackets; a combining accent
+    rows = [pad(label, 16) + "|" for label in ("way", "方法", "マイクロバッチ")]
+    assert len({display_width(row) for row in rows}) == 1  # the bars line up
+    assert pad("12", 5, ">") == "   12" and pad("長すぎる見出し", 4) == "長すぎる見出し"  # never cut
+    with pytest.raises(ConfigError, match="align"):
+        pad("x", 3, "^")
+
+
+def test_report_speaks_the_editions_language(monkeypatch):
+    import mparlib
+
+    monkeypatch.setenv("MPARLIB_LANG", "ja")
+    text = mparlib.report()
+    assert "CPU スレッド数" in text and "GPU の数" in text and "プロファイル" in text and "CPU threads" not in text
+    from mparlib.devices import display_width
+
+    values = {display_width(line) - display_width(line.split()[-1]) for line in text.splitlines()
+              if len(line.split()) <= 3}  # a label (one or two words) and one value
+    assert len(values) == 1, text  # every value starts in the same column
+    monkeypatch.setenv("MPARLIB_LANG", "en")
+    assert "CPU threads" in mparlib.report()

@@ -44,6 +44,7 @@ from matplotlib.figure import Figure
 import mparlib
 from mparlib import collectives, diagrams
 from mparlib.errors import WorkerFailed
+from mparlib.devices import pad
 from mparlib.lang import tr
 from mparlib.launch import launch
 from mparlib.rendezvous import choose_backend, describe
@@ -122,10 +123,11 @@ display(Image(figure_png(diagrams.collectives_figure(4))))
 # <!-- en -->
 # `reduce_scatter` and `all_gather` are each other's mirror image, and together they make an `all_reduce`: after
 # `reduce_scatter_tensor` rank `r` holds the full sum of chunk `r`, and `all_gather_into_tensor` of those sums puts
-# every chunk, in rank order, on every rank. The ring all-reduce below has the same two phases, with a layout that
-# differs by one chunk: after its reduce-scatter, rank `r` holds the sum of chunk `r + 1` (modulo `k`), not of chunk
-# `r`. So the ring's first phase is not `dist.reduce_scatter_tensor`, and "all-reduce = reduce-scatter + all-gather"
-# holds for the ring only up to that rotation.
+# every chunk, in rank order, on every rank. The ring all-reduce below is built the same way, from two functions
+# with the same layouts: after `ring_reduce_scatter`, rank `r` holds the sum of chunk `r`, as after
+# `dist.reduce_scatter_tensor`, and `ring_all_gather` then hands every finished chunk to every rank, as
+# `dist.all_gather_into_tensor` does. So "all-reduce = reduce-scatter + all-gather" holds literally: `ring_all_reduce`
+# is one call of each.
 #
 # Now the real thing. The worker below runs every word of the vocabulary on 4 processes. Rank `r` starts from
 # the tensor `[10r, 10r + 1, 10r + 2, 10r + 3]`, so the tens digit of a number tells whose it was. Every rank
@@ -133,7 +135,7 @@ display(Image(figure_png(diagrams.collectives_figure(4))))
 # object) brings the records to rank 0, which returns them to the notebook. The same run also checks the ring
 # all-reduce of the next section, so that the 4 processes start only once.
 # <!-- ja -->
-# `reduce_scatter` と `all_gather` は互いに鏡に映した関係にあり、2つを続けると `all_reduce` になります。`reduce_scatter_tensor` のあと、ランク `r` はチャンク `r` の全体の和を持ちます。その和を `all_gather_into_tensor` で集めると、すべてのランクがすべてのチャンクをランクの順に持ちます。あとで作るリング・オールリデュースも同じ 2つの段階からなりますが、チャンクの配置が 1つずれます。リングのリデュース・スキャッター（reduce-scatter）が終わったとき、ランク `r` が持っているのは、チャンク `r` ではなくチャンク `r + 1`（`k` を法として）の和です。そのためリングの前半は `dist.reduce_scatter_tensor` と同じではなく、「オールリデュース = リデュース・スキャッター + オールギャザー」という関係も、リングではこのチャンク 1つ分の回転を除いて成り立つものです。
+# `reduce_scatter` と `all_gather` は互いに鏡に映した関係にあり、2つを続けると `all_reduce` になります。`reduce_scatter_tensor` のあと、ランク `r` はチャンク `r` の全体の和を持ちます。その和を `all_gather_into_tensor` で集めると、すべてのランクがすべてのチャンクをランクの順に持ちます。あとで作るリング・オールリデュースも同じように、チャンクの配置が同じ 2つの関数からできています。`ring_reduce_scatter` のあと、ランク `r` は `dist.reduce_scatter_tensor` のあとと同じくチャンク `r` の和を持ち、続く `ring_all_gather` が、`dist.all_gather_into_tensor` と同じように、完成したチャンクをすべてのランクに配ります。つまり「オールリデュース = リデュース・スキャッター（reduce-scatter）+ オールギャザー」という関係がそのまま成り立ち、`ring_all_reduce` はそれぞれを 1回ずつ呼ぶだけです。
 #
 # では実際に動かします。次のワーカーは、これらの基本操作をすべて 4個のプロセスで実行します。ランク `r` はテンソル `[10r, 10r + 1, 10r + 2, 10r + 3]` から始めるので、数の十の位を見れば誰のデータだったかがわかります。各ランクは呼び出しの前後で自分のテンソルを記録し、`all_gather_object`（pickle できる任意の Python オブジェクトを集める集合通信）で記録をランク 0 に集め、ランク 0 がそれをノートブックに返します。同じ実行で次の節のリング・オールリデュースも確かめて、4個のプロセスの起動を 1回で済ませます。
 
@@ -142,7 +144,8 @@ display(Image(figure_png(diagrams.collectives_figure(4))))
 import torch
 import torch.distributed as dist
 
-from mparlib.collectives import ring_all_reduce
+from mparlib.collectives import ring_all_reduce, ring_reduce_scatter
+from mparlib.errors import ConfigError
 from mparlib.rendezvous import device
 
 
@@ -208,8 +211,17 @@ def ring_checks():
     example = torch.tensor([100 * rank + i for i in range(10)], device=dev)  # 10 elements, 4 ranks: uneven chunks
     before = example.tolist()
     ring_all_reduce(example)
+    mine = torch.tensor([10 * rank + j for j in range(k)], device=dev)  # the tour's tensor
+    shard = ring_reduce_scatter(mine.clone())  # the ring's first phase alone: chunk r of the sum
+    reference = torch.zeros(1, dtype=mine.dtype, device=dev)
+    dist.reduce_scatter_tensor(reference, mine)
+    try:  # rank 1 passes 5 elements, the others 4: refused on every rank, before any chunk moves
+        ring_all_reduce(torch.ones(5 if rank == 1 else 4, device=dev))
+        refused = None
+    except ConfigError as e:
+        refused = str(e)
     examples = [None] * k
-    dist.all_gather_object(examples, (before, example.tolist()))
+    dist.all_gather_object(examples, (before, example.tolist(), shard.tolist(), reference.tolist(), refused))
     everyone = [None] * k
     dist.all_gather_object(everyone, rows)
     return {"rows": everyone, "example": examples}
@@ -272,12 +284,14 @@ print(tr("every collective did what its definition says", "すべての集合通
 # idles. The **ring all-reduce** keeps every link busy with a small part. The ranks form a ring (rank `r` sends to
 # `r + 1` and receives from `r - 1`, modulo `k`), and each tensor is cut into `k` chunks:
 #
-# 1. **Reduce-scatter**, `k - 1` steps. In step `s` (`s = 0, 1, ..., k - 2`), rank `r` sends chunk `r - s` to its right neighbour and adds
-#    the chunk `r - s - 1` that arrives from its left. A chunk travels round the ring collecting one more rank's
-#    contribution per step; after `k - 1` steps rank `r` holds the full sum of chunk `r + 1`, one chunk further on
-#    than `dist.reduce_scatter_tensor`, which leaves chunk `r` on rank `r`.
-# 2. **All-gather**, `k - 1` steps. Each finished chunk travels round the ring once more, now replacing instead of
-#    adding, until every rank has all `k` sums.
+# 1. **Reduce-scatter**, `k - 1` steps. In step `s` (`s = 0, 1, ..., k - 2`), rank `r` sends chunk `r - s - 1` to
+#    its right neighbour and adds the chunk `r - s - 2` that arrives from its left (all modulo `k`). A chunk travels
+#    round the ring collecting one more rank's contribution per step, and the schedule starts each chunk `c` on rank
+#    `c + 1` so that its last stop is rank `c`: after `k - 1` steps rank `r` holds the full sum of chunk `r`, the
+#    layout of `dist.reduce_scatter_tensor` (`collectives.ring_reduce_scatter`).
+# 2. **All-gather**, `k - 1` steps. Rank `r` first sends its finished chunk `r`; each finished chunk travels round
+#    the ring once more, now replacing instead of adding, until every rank has all `k` sums
+#    (`collectives.ring_all_gather`, the layout of `dist.all_gather_into_tensor`).
 #
 # `2(k - 1)` steps, each sending `n / k` elements per rank: every rank sends `2(k - 1) / k` times the tensor in
 # total, close to twice the tensor whatever the number of ranks, and all links work at once. `mparlib.collectives`
@@ -289,8 +303,8 @@ print(tr("every collective did what its definition says", "すべての集合通
 #
 # ライブラリは、大きなテンソルの和を `k` 個のランクでどうやって求めるのでしょうか。素朴な方法は、全員がすべてをランク 0 に送り、ランク 0 が足してから結果をブロードキャストする方法です。この方法では、ランク 0 のリンクがテンソル `2(k-1)` 個分を運び、他のリンクは遊んでしまいます。**リング・オールリデュース**は、すべてのリンクに少しずつ仕事をさせます。ランクは輪（リング）を作り（ランク `r` は `r + 1` に送り、`r - 1` から受け取ります。番号は `k` を法として数えます）、各テンソルを `k` 個のチャンクに切ります。
 #
-# 1. **リデュース・スキャッター（reduce-scatter）**、`k - 1` ステップ。ステップ `s`（`s = 0, 1, ..., k - 2`）で、ランク `r` はチャンク `r - s` を右隣に送り、左隣から届いたチャンク `r - s - 1` を自分のものに足します。チャンクは輪を回りながら、ステップごとに 1個のランクの分を集めていきます。`k - 1` ステップ後、ランク `r` はチャンク `r + 1` の全体の和を持っています。ランク `r` にチャンク `r` を残す `dist.reduce_scatter_tensor` より、チャンク 1つ分先です。
-# 2. **オールギャザー（all-gather）**、`k - 1` ステップ。完成したチャンクがもう一度輪を回ります。今度は足すのではなく置き換え、全ランクが `k` 個の和をすべて持つまで続けます。
+# 1. **リデュース・スキャッター（reduce-scatter）**、`k - 1` ステップ。ステップ `s`（`s = 0, 1, ..., k - 2`）で、ランク `r` はチャンク `r - s - 1` を右隣に送り、左隣から届いたチャンク `r - s - 2` を自分のものに足します（番号はどれも `k` を法として数えます）。チャンクは輪を回りながら、ステップごとに 1個のランクの分を集めていきます。スケジュールは各チャンク `c` をランク `c + 1` から出発させるので、最後に着くのはランク `c` です。`k - 1` ステップ後、ランク `r` はチャンク `r` の全体の和を持っています。これは `dist.reduce_scatter_tensor` と同じ配置です（`collectives.ring_reduce_scatter`）。
+# 2. **オールギャザー（all-gather）**、`k - 1` ステップ。ランク `r` はまず完成したチャンク `r` を送ります。完成したチャンクがもう一度輪を回ります。今度は足すのではなく置き換え、全ランクが `k` 個の和をすべて持つまで続けます（`collectives.ring_all_gather`。`dist.all_gather_into_tensor` と同じ配置です）。
 #
 # ステップは `2(k - 1)` 回で、各ステップで各ランクが送るのは `n / k` 要素です。各ランクが送る量は合計でテンソルの `2(k - 1) / k` 倍、つまりランクがいくつあってもテンソルのおよそ 2倍で、しかもすべてのリンクが同時に働きます。`mparlib.collectives` はチャンクの計算を `ring_schedule(n, k)` の 1か所にだけ書き（戻り値は `RingStep` のリストで、ステップごとに、各ランクが送るチャンクと受け取るチャンクを表します）、関数も図もそれに従います。10要素を 4個のランクで分けると、チャンクの大きさは 3、3、2、2 になります。
 
@@ -305,16 +319,17 @@ for i, step in enumerate(collectives.ring_schedule(10, 4), 1):
 # The figure follows the ring on 4 ranks. Each rank is a row of 4 chunks; the digits in a chunk are the ranks whose
 # numbers it has summed, and the red box is the chunk that arrived in that step (`collectives.ring_contents(4)` follows
 # the schedule without sending anything, and the figure draws what it finds). After the third step every rank owns one
-# complete chunk (`0123`), and the all-gather hands them round.
+# complete chunk (`0123`), rank `r` chunk `r`, on the diagonal, and the all-gather hands them round.
 # <!-- ja -->
-# 次の図は 4個のランクのリングを追ったものです。各ランクが 4つのチャンクの行で、チャンクの中の数字はそこに足し込まれたランクを表し、赤枠はそのステップで届いたチャンクです（`collectives.ring_contents(4)` が何も送らずにスケジュールをたどり、図はその結果を描いています）。3ステップ目が終わると、各ランクは完成したチャンク（`0123`）を 1つずつ持ち、オールギャザーがそれを配って回ります。
+# 次の図は 4個のランクのリングを追ったものです。各ランクが 4つのチャンクの行で、チャンクの中の数字はそこに足し込まれたランクを表し、赤枠はそのステップで届いたチャンクです（`collectives.ring_contents(4)` が何も送らずにスケジュールをたどり、図はその結果を描いています）。3ステップ目が終わると、各ランクは完成したチャンク（`0123`）を 1つずつ持ちます。ランク `r` が持つのはチャンク `r` で、図では対角線に並びます。オールギャザーがそれを配って回ります。
 
 # %%
 display(Image(figure_png(diagrams.ring_figure(4))))
 
 # %% [markdown]
 # <!-- en -->
-# Here is the function. In each step a rank must send and receive at the same time: if every rank first called a
+# Here is the function. `ring_all_reduce` checks its input and then runs the two phases, each with `run_ring_steps`,
+# which holds the loop (both are printed below). In each step a rank must send and receive at the same time: if every rank first called a
 # blocking `send`, each would wait for a neighbour that is itself still sending, and with large messages nobody
 # would ever receive. `dist.batch_isend_irecv` posts both messages of a step together (with nccl, as one group), and
 # the rank waits for both before it adds. The received chunk lands in a separate buffer, `incoming`: in the
@@ -328,11 +343,23 @@ display(Image(figure_png(diagrams.ring_figure(4))))
 # were made by timing the function on a 2-core CPU while it was written. The ring's times next to `dist.all_reduce`
 # are measured in the next section, and `benchmarks/collectives.py` saves them in
 # `benchmarks/results/collectives-*.json`.
+#
+# Two guards protect the ring from the mistakes of its callers. First, a ring call starts with one small all-gather
+# in which the ranks compare their element counts and dtypes (`check=True`, the default). Without it, a rank whose
+# tensor is longer would wait for a message that never comes, and an integer tensor on one rank would be summed
+# with the bytes of a float tensor on another; with it, every rank fails at once with a message that names the ranks
+# that differ (the tour below tries it). Second, ring calls on one group must run one after the other: two at once,
+# from two threads, would pair up each other's messages. While `run_ring_steps` runs, it marks the caller's
+# `buffers` dict as in use (`collectives.IN_USE`), so that a second call sharing the dict fails instead of mixing
+# data; a thread that needs a ring of its own needs its own group and its own dict.
 # <!-- ja -->
-# 関数の中身は次のとおりです。各ステップで、ランクは送信と受信を同時に行う必要があります。もし全ランクがまずブロッキングの `send` を呼ぶと、各ランクは、自分もまだ送信中の隣を待つことになり、メッセージが大きいと誰も受け取れなくなります。`dist.batch_isend_irecv` は 1ステップの 2つのメッセージをまとめて開始し（nccl では 1つのグループとして）、ランクは両方が終わるのを待ってから足し算をします。受け取ったチャンクは別のバッファ `incoming` に入れます。リデュース・スキャッターの段階では、受け取ったチャンクを自分の同じチャンクに足す必要があり、上書きしてはいけないからです。何度もオールリデュースする呼び出し側は、このバッファを呼び出しをまたいで使い回せます。毎回同じ dict を `buffers=` に渡すと（下の `bandwidth_worker` がそうしています）、バッファはその中に残ります。渡さなければ、バッファはその呼び出しの間だけ存在します。一度も書き込まれていないメモリには、最初の書き込みのときにページごとにページフォールトが起きるので、新しく確保したバッファへの受信は、使用済みのバッファへの受信より遅くなると考えられます。通信ライブラリがバッファを使い回すのも同じ理由です。最後に、`piece_bytes`（既定では `PIECE_BYTES`、4 MiB）より大きなチャンクは、同じステップの中でまとめて開始する複数のメッセージに分けて送ります。この 2つの工夫の効果を測るセルは、この章にはありません。どちらも、関数を書いたときに CPU 2コアのマシンで時間を測って決めたものです。リングと `dist.all_reduce` の時間は次の節で測ります。`benchmarks/collectives.py` はそれを `benchmarks/results/collectives-*.json` に保存しています。
+# 関数の中身は次のとおりです。`ring_all_reduce` は入力を確かめてから 2つの段階を実行します。どちらの段階も、ループを持つ `run_ring_steps` が実行します（下に両方を表示します）。各ステップで、ランクは送信と受信を同時に行う必要があります。もし全ランクがまずブロッキングの `send` を呼ぶと、各ランクは、自分もまだ送信中の隣を待つことになり、メッセージが大きいと誰も受け取れなくなります。`dist.batch_isend_irecv` は 1ステップの 2つのメッセージをまとめて開始し（nccl では 1つのグループとして）、ランクは両方が終わるのを待ってから足し算をします。受け取ったチャンクは別のバッファ `incoming` に入れます。リデュース・スキャッターの段階では、受け取ったチャンクを自分の同じチャンクに足す必要があり、上書きしてはいけないからです。何度もオールリデュースする呼び出し側は、このバッファを呼び出しをまたいで使い回せます。毎回同じ dict を `buffers=` に渡すと（下の `bandwidth_worker` がそうしています）、バッファはその中に残ります。渡さなければ、バッファはその呼び出しの間だけ存在します。一度も書き込まれていないメモリには、最初の書き込みのときにページごとにページフォールトが起きるので、新しく確保したバッファへの受信は、使用済みのバッファへの受信より遅くなると考えられます。通信ライブラリがバッファを使い回すのも同じ理由です。最後に、`piece_bytes`（既定では `PIECE_BYTES`、4 MiB）より大きなチャンクは、同じステップの中でまとめて開始する複数のメッセージに分けて送ります。この 2つの工夫の効果を測るセルは、この章にはありません。どちらも、関数を書いたときに CPU 2コアのマシンで時間を測って決めたものです。リングと `dist.all_reduce` の時間は次の節で測ります。`benchmarks/collectives.py` はそれを `benchmarks/results/collectives-*.json` に保存しています。
+#
+# リングには、呼び出し側の誤りから身を守る仕組みが 2つあります。1つ目に、リングの呼び出しはまず小さなオールギャザーを 1回行い、ランクどうしで要素数と dtype を照らし合わせます（既定の `check=True`）。これがないと、テンソルが長いランクは届くことのないメッセージを待ち続け、あるランクの整数のテンソルが別のランクの浮動小数点数のテンソルのバイト列と足し合わされてしまいます。照らし合わせれば、すべてのランクがすぐに失敗し、違っているランクをメッセージで名指しします（下の `tour` で試します）。2つ目に、1つのグループでのリングの呼び出しは 1つずつ順に行う必要があります。2つのスレッドから同時に呼び出すと、互いのメッセージが入れ違うからです。`run_ring_steps` は実行中、呼び出し側の `buffers` の dict に使用中の印（`collectives.IN_USE`）を付けるので、同じ dict を使う 2つ目の呼び出しは、データを混ぜる代わりにエラーになります。自分専用のリングが必要なスレッドには、専用のグループと専用の dict が必要です。
 
 # %%
 print(inspect.getsource(collectives.ring_all_reduce))
+print(inspect.getsource(collectives.run_ring_steps))
 
 # %% [markdown]
 # <!-- en -->
@@ -340,9 +367,11 @@ print(inspect.getsource(collectives.ring_all_reduce))
 # and 3 elements (fewer than the ranks: some chunks are empty), 10 (uneven chunks) and 1001, in int64, in float32
 # holding integers, and in float64 holding random reals. Integer sums are exact in any order, so these must agree
 # bit for bit. Sums of random reals may differ in the last bits, since the ring adds in another order than the
-# backend; the check allows `2(k - 1)` units of rounding of the largest sum of magnitudes.
+# backend; the check allows `2(k - 1)` units of rounding of the largest sum of magnitudes. It also ran the ring's
+# first phase alone on the tour's tensors, next to `dist.reduce_scatter_tensor`, and a ring call in which rank 1
+# passes one element more than the others.
 # <!-- ja -->
-# 上の `tour` の実行では、4個のランクそれぞれで、同じ入力に対して `ring_all_reduce` と `dist.all_reduce` も実行していました。要素数は 0、1、3（ランクの数より少ないので空のチャンクができます）、10（チャンクの大きさがそろいません）、1001 で、dtype は int64、整数を入れた float32、ランダムな実数を入れた float64 です。整数の和はどんな順序で足しても正確なので、ビット単位で一致するはずです。ランダムな実数の和は、リングがバックエンドと違う順序で足すため、最後の数ビットが異なることがあります。そこで、絶対値の和の最大値に対する丸め誤差の `2(k - 1)` 単位分までの差を許します。
+# 上の `tour` の実行では、4個のランクそれぞれで、同じ入力に対して `ring_all_reduce` と `dist.all_reduce` も実行していました。要素数は 0、1、3（ランクの数より少ないので空のチャンクができます）、10（チャンクの大きさがそろいません）、1001 で、dtype は int64、整数を入れた float32、ランダムな実数を入れた float64 です。整数の和はどんな順序で足しても正確なので、ビット単位で一致するはずです。ランダムな実数の和は、リングがバックエンドと違う順序で足すため、最後の数ビットが異なることがあります。そこで、絶対値の和の最大値に対する丸め誤差の `2(k - 1)` 単位分までの差を許します。さらに、リングの前半だけを `tour` のテンソルで `dist.reduce_scatter_tensor` と並べて実行し、ランク 1 だけが他より 1要素多く渡すリングの呼び出しも試しました。
 
 # %%
 rows = [row for rank_rows in results["ring"]["rows"] for row in rank_rows]
@@ -352,17 +381,30 @@ print(tr(f"integer sums equal to dist.all_reduce: {sum(exact)} of {len(exact)}",
          f"dist.all_reduce と一致した整数の和: {len(exact)}個中 {sum(exact)}個"))
 print(tr(f"random float64 sums within rounding: {sum(close)} of {len(close)}",
          f"丸め誤差の範囲に収まったランダムな float64 の和: {len(close)}個中 {sum(close)}個"))
-for r, (before, after) in enumerate(results["ring"]["example"]):
+for r, (before, after, *_) in enumerate(results["ring"]["example"]):
     print(f"{tr('rank', 'ランク')} {r}: {before} -> {after}")
+print(tr("ring_reduce_scatter of the tour's tensors, and dist.reduce_scatter_tensor:",
+         "tour のテンソルの ring_reduce_scatter と dist.reduce_scatter_tensor:"))
+for r, (*_, shard, reference, refused) in enumerate(results["ring"]["example"]):
+    print(f"  {tr('rank', 'ランク')} {r}: {shard} {reference}")
+print(tr("rank 1 passes 5 elements, the others 4; rank 0 is told:",
+         "ランク 1 が 5要素、他が 4要素を渡したとき、ランク 0 に出るエラー:"))
+print(textwrap.fill(results["ring"]["example"][0][-1], 110, initial_indent="  ", subsequent_indent="  "))
 assert all(exact) and all(close) and len(rows) == 4 * 15
+assert all(shard == reference == [sum(10 * q + r for q in range(4))]
+           for r, (*_, shard, reference, _) in enumerate(results["ring"]["example"]))
+assert all(refused is not None and "ring_all_reduce" in refused and "1" in refused
+           for *_, refused in results["ring"]["example"])
 
 # %% [markdown]
 # <!-- en -->
 # `tests/test_collectives.py` runs the same comparison on 1 to 4 processes with more sizes, shapes (including a
-# tensor that is not contiguous) and a subgroup of the ranks, and checks each collective against the figure above;
-# on a machine with two GPUs or more it runs the ring with nccl.
+# tensor that is not contiguous) and a subgroup of the ranks, checks `ring_reduce_scatter` and `ring_all_gather`
+# against `dist.reduce_scatter_tensor` and `dist.all_gather_into_tensor` (integers exactly, reals to rounding), the
+# refusals of ranks that disagree, and each collective against the figure above; on a machine with two GPUs or more
+# it runs the ring with nccl.
 # <!-- ja -->
-# `tests/test_collectives.py` では、同じ比較を 1個から 4個のプロセスで、さらに多くの要素数、形状（メモリ上で連続していないテンソルも含みます）、ランクの一部だけのグループについて行い、各集合通信が上の図のとおりに動くことも確かめています。GPU が 2枚以上あるマシンでは、リングを nccl で実行します。
+# `tests/test_collectives.py` では、同じ比較を 1個から 4個のプロセスで、さらに多くの要素数、形状（メモリ上で連続していないテンソルも含みます）、ランクの一部だけのグループについて行います。さらに、`ring_reduce_scatter` と `ring_all_gather` を `dist.reduce_scatter_tensor` と `dist.all_gather_into_tensor` と比べ（整数は正確に、実数は丸め誤差の範囲で）、ランクどうしが食い違うときに呼び出しが拒まれること、各集合通信が上の図のとおりに動くことも確かめています。GPU が 2枚以上あるマシンでは、リングを nccl で実行します。
 
 # %% [markdown]
 # <!-- en -->
@@ -379,13 +421,24 @@ assert all(exact) and all(close) and len(rows) == 4 * 15
 # which for large messages approaches the speed of one link, `1 / β_link`, whatever the number of ranks: it
 # compares machines and world sizes fairly.
 #
-# The next cell measures `dist.all_reduce` and `ring_all_reduce` on 2 processes for messages from 4 KiB up
-# (`mparlib.collectives.bandwidth_worker`, which times each call with `time_collective`: the ranks meet at a
-# barrier before each call, the clock stops when the device has finished, a call's time is that of the slowest
-# rank, and the median of a few calls is kept), then fits `α` and `β` to the all-reduce times by least squares on
-# relative errors, so that a 4 KiB message weighs as much as 64 MiB. `benchmarks/collectives.py` does the same from
-# 4 KiB to 256 MiB on 2 and 4 ranks and saves the numbers. The numbers are your machine's; the stored ones come
-# from the machine that built this notebook.
+# ### One way to time
+#
+# A single call of a collective says little: the first is slowed by connections and allocations, and on a machine
+# that runs other work any call can wait milliseconds for a core. The course times every short operation the same
+# way, with `mparlib.timing.measure(fn)`: `warmup` untimed calls, then timed calls, the device synchronised around
+# each, until they add up to at least `min_seconds` (50 ms) **and** number at least `min_repeats` (5). A 64 KiB
+# all-reduce is thus timed dozens of times and a 256 MiB one 5 times. It returns a `Timing`: the median, which one
+# slow call cannot move, the spread (`min`, `max`, the quartiles), and the 1-minute load average
+# (`mparlib.timing.load_average()`) before and after, with `busy` set when it exceeds 0.3 per core, so that a number
+# measured beside other work says so. For a collective, `collectives.time_collective` adds what a distributed
+# timing needs: the ranks meet at a barrier before each call, a call's time is that of the slowest rank, and all
+# ranks stop after the same call.
+#
+# The next cell measures `dist.all_reduce` and `ring_all_reduce` on 2 processes for messages from 64 KiB to
+# 256 MiB (`mparlib.collectives.bandwidth_worker`, which times each point with `time_collective`), then fits `α`
+# and `β` to the all-reduce medians by least squares on relative errors, so that a 64 KiB message weighs as much as
+# 256 MiB, and prints each size's error. `benchmarks/collectives.py` does the same on 2 and 4 ranks and saves the
+# numbers. The numbers are your machine's; the stored ones come from the machine that built this notebook.
 # <!-- ja -->
 # ## 通信にかかる時間
 #
@@ -395,25 +448,41 @@ assert all(exact) and all(close) and len(rows) == 4 * 15
 #
 # `k` 個のランクのリングでは、`2(k-1)` 回のステップのそれぞれでリンク 1本分のレイテンシを払い、そのリンクで `n / k` バイトを運ぶので、`t = 2(k-1) α_link + 2(k-1)/k · n β_link` となります。測った時間からは、`nccl-tests` の慣習に従って 2つの帯域幅を求めます。利用者から見える**アルゴリズム帯域幅** `n / t` と、**バス帯域幅** `n / t · 2(k-1)/k` です。バス帯域幅は、メッセージが大きければランクの数によらずリンク 1本の速さ `1 / β_link` に近づくので、マシンどうしやワールドサイズどうしを公平に比べられます。
 #
-# 次のセルでは、2個のプロセスで `dist.all_reduce` と `ring_all_reduce` を、4 KiB からのメッセージについて測ります（`mparlib.collectives.bandwidth_worker`。各呼び出しを `time_collective` で計測します。各呼び出しの前にランクがバリアで待ち合わせ、デバイスの処理が終わった時点で時計を止め、いちばん遅いランクの時間をその呼び出しの時間とし、数回の中央値をとります）。そのあと、オールリデュースの時間に `α` と `β` を相対誤差の最小二乗法で当てはめます。相対誤差を使うので、4 KiB のメッセージも 64 MiB のメッセージも同じ重みで扱われます。`benchmarks/collectives.py` は同じことを 4 KiB から 256 MiB まで、2個と 4個のランクで行い、結果を保存します。表示される数値はお使いのマシンのものです。保存されている数値は、このノートブックを作成したマシンのものです。
+# ### 時間の測り方
+#
+# 集合通信を 1回呼び出しただけでは、ほとんど何もわかりません。最初の呼び出しは接続やメモリ確保のぶん遅くなりますし、他の仕事も動いているマシンでは、どの呼び出しもコアを待って数ミリ秒遅れることがあります。このコースでは、短い処理の時間をすべて同じ方法、`mparlib.timing.measure(fn)` で測ります。まず計測しない呼び出しを `warmup` 回行い、そのあと、呼び出しごとにデバイスを同期しながら計測を繰り返します。計測した時間の合計が `min_seconds`（50 ms）以上に**なり、かつ**回数が `min_repeats`（5回）以上になるまで続けます。そのため 64 KiB のオールリデュースは数十回、256 MiB のものは 5回測ることになります。戻り値は `Timing` で、遅い呼び出しが 1回あっても動かない中央値、ばらつき（`min`、`max`、四分位数）、計測の前後の 1分間のロードアベレージ（`mparlib.timing.load_average()`）を持ちます。ロードアベレージがコアあたり 0.3 を超えると `busy` が真になり、他の仕事と並んで測った数値であることがわかります。集合通信については、`collectives.time_collective` が分散した計測に必要なことを加えます。各呼び出しの前にランクがバリアで待ち合わせ、いちばん遅いランクの時間をその呼び出しの時間とし、すべてのランクが同じ回数で計測を終えます。
+#
+# 次のセルでは、2個のプロセスで `dist.all_reduce` と `ring_all_reduce` を、64 KiB から 256 MiB までのメッセージについて測ります（`mparlib.collectives.bandwidth_worker`。各点を `time_collective` で計測します）。そのあと、オールリデュースの中央値に `α` と `β` を相対誤差の最小二乗法で当てはめ、大きさごとの誤差を表示します。相対誤差を使うので、64 KiB のメッセージも 256 MiB のメッセージも同じ重みで扱われます。`benchmarks/collectives.py` は同じことを 2個と 4個のランクで行い、結果を保存します。表示される数値はお使いのマシンのものです。保存されている数値は、このノートブックを作成したマシンのものです。
 
 # %% tags=["nbval-ignore-output"]
 KiB, MiB = 1024, 1024 ** 2
-largest = 256 * MiB if PROFILE == "full" else 64 * MiB
-sizes = [4 * KiB * 4 ** i for i in range(20) if 4 * KiB * 4 ** i <= largest]
-bandwidth = launch(collectives.bandwidth_worker, 2, args=(sizes,), kwargs=dict(repeats=3), echo=False)
+sizes = [64 * KiB * 4 ** i for i in range(7)]  # 64 KiB .. 256 MiB, as benchmarks/collectives.py
+bandwidth = launch(collectives.bandwidth_worker, 2, args=(sizes,), kwargs=dict(min_seconds=0.05, min_repeats=5),
+                   echo=False, timeout=300)
 measured = {m: [row for row in bandwidth if row["method"] == m] for m in ("all_reduce", "ring")}
 fit = collectives.fit_alpha_beta([r["bytes"] for r in measured["all_reduce"]],
                                  [r["seconds"] for r in measured["all_reduce"]])
-print(f"{'bytes':>10} {'all_reduce ms':>14} {'ring ms':>9} {tr('busbw GB/s', 'バス帯域 GB/s'):>15} "
-      f"{tr('model ms', 'モデル ms'):>10}")
-for a, r in zip(measured["all_reduce"], measured["ring"]):
-    print(f"{a['bytes']:>10} {a['seconds'] * 1e3:>14.3f} {r['seconds'] * 1e3:>9.3f} {a['busbw'] / 1e9:>15.3f} "
-          f"{collectives.predict_seconds(fit, a['bytes']) * 1e3:>10.3f}")
+columns = [("bytes", ">", 10), (tr("all_reduce ms", "all_reduce ms"), ">", 13),
+           (tr("min-max ms", "最小-最大 ms"), ">", 16), (tr("calls", "回数"), ">", 5), ("ring ms", ">", 9),
+           (tr("busbw GB/s", "バス帯域 GB/s"), ">", 13), (tr("model ms", "モデル ms"), ">", 10),
+           (tr("model error", "モデルの誤差"), ">", 12)]
+print(" ".join(pad(name, width, align) for name, align, width in columns))
+for a, r, error in zip(measured["all_reduce"], measured["ring"], fit["relative_errors"]):
+    cells = [a["bytes"], f"{a['seconds'] * 1e3:.3f}", f"{a['min'] * 1e3:.2f}-{a['max'] * 1e3:.2f}", a["repeats"],
+             f"{r['seconds'] * 1e3:.3f}", f"{a['busbw'] / 1e9:.3f}",
+             f"{collectives.predict_seconds(fit, a['bytes']) * 1e3:.3f}", f"{error:+.0%}"]
+    print(" ".join(pad(cell, width, align) for cell, (_, align, width) in zip(cells, columns)))
+worst = max(abs(e) for e in fit["relative_errors"])
 print(tr(f"alpha-beta fit: alpha = {fit['alpha'] * 1e6:.1f} us, bandwidth 1/beta = {fit['bandwidth'] / 1e9:.2f} GB/s "
-         f"({bandwidth[0]['backend']}, 2 processes)",
+         f"({bandwidth[0]['backend']}, 2 processes); worst error {worst:.0%} (goal: 25%)",
          f"α-β モデルの当てはめ: α = {fit['alpha'] * 1e6:.1f} μs、帯域幅 1/β = {fit['bandwidth'] / 1e9:.2f} GB/s"
-         f"（{bandwidth[0]['backend']}、プロセス 2個）"))
+         f"（{bandwidth[0]['backend']}、プロセス 2個）。誤差の最大 {worst:.0%}（目標は 25%）"))
+first, last = bandwidth[0], bandwidth[-1]
+busy = any(row["busy"] for row in bandwidth)
+print(tr(f"load average (1 min): {first['load_before']:.2f} at the start, {last['load_after']:.2f} at the end, "
+         f"on {first['cores']} cores: " + ("busy (above 0.3 per core)" if busy else "not busy"),
+         f"ロードアベレージ（1分）: 開始時 {first['load_before']:.2f}、終了時 {last['load_after']:.2f}、"
+         f"コア {first['cores']}個: " + ("混んでいます（コアあたり 0.3 超）" if busy else "空いています")))
 
 fig = Figure(figsize=(7.5, 3.6))
 ax = fig.add_subplot()
@@ -433,6 +502,8 @@ display(Image(figure_png(fig)))
 # %%
 assert [r["bytes"] for r in measured["all_reduce"]] == sizes == [r["bytes"] for r in measured["ring"]]
 assert all(r["seconds"] > 0 and math.isfinite(r["seconds"]) for r in bandwidth)
+assert all(r["repeats"] >= 5 and sum(r["all_seconds"]) >= 0.05 for r in bandwidth)  # the timing rule held
+assert all(r["min"] <= r["q1"] <= r["seconds"] <= r["q3"] <= r["max"] for r in bandwidth)
 assert 0 <= fit["alpha"] < 1 and 0 < fit["beta"] and math.isfinite(fit["bandwidth"])
 
 # %% [markdown]
@@ -442,7 +513,9 @@ assert 0 <= fit["alpha"] < 1 and 0 < fit["beta"] and math.isfinite(fit["bandwidt
 # the transport can carry, and that plateau, `1 / β`, is the number that matters for gradients of many megabytes.
 # Where the fit misses a measured point, the model is too simple for that size (libraries switch algorithms
 # between sizes, caches and buffers change at some sizes) or the machine was busy during that call; the table
-# shows how far off each size is.
+# shows how far off each size is, and the min-max column how much the calls of one size varied. (The table's
+# columns are padded with `mparlib.devices.pad`, which counts display columns with `display_width`: a Japanese
+# character takes two, and `f"{text:<10}"`, which counts characters, would misalign the Japanese edition.)
 #
 # The ring from `send`/`recv` should be slower than the backend's own all-reduce for small messages: each of its
 # `2(k-1)` steps starts separate messages from Python, so it pays the latency several times over. On a busy machine a
@@ -460,7 +533,7 @@ assert 0 <= fit["alpha"] < 1 and 0 < fit["beta"] and math.isfinite(fit["bandwidt
 # speed of a link. Set beside the plateau above, it shows how far apart the two machines are; the `α`-`β` model of one
 # message still applies there, with other values.
 # <!-- ja -->
-# グラフを左から右へ読んでください。小さなメッセージはほとんどレイテンシだけです。大きさを 2倍にしても時間はほとんど変わらないので、帯域幅は大きさに比例して伸びます。大きなメッセージはほとんど帯域幅だけで決まります。曲線は通信の仕組みが運べる量のところで平らになり、その高さ `1 / β` が、何メガバイトもある勾配にとって大事な数値です。当てはめたモデルが測定点から外れるのは、その大きさではモデルが単純すぎる（ライブラリはメッセージの大きさによってアルゴリズムを切り替えますし、キャッシュやバッファの効き方もある大きさで変わります）か、その呼び出しの間にマシンが忙しかったかのどちらかです。どれだけ外れたかは表で大きさごとに確かめられます。
+# グラフを左から右へ読んでください。小さなメッセージはほとんどレイテンシだけです。大きさを 2倍にしても時間はほとんど変わらないので、帯域幅は大きさに比例して伸びます。大きなメッセージはほとんど帯域幅だけで決まります。曲線は通信の仕組みが運べる量のところで平らになり、その高さ `1 / β` が、何メガバイトもある勾配にとって大事な数値です。当てはめたモデルが測定点から外れるのは、その大きさではモデルが単純すぎる（ライブラリはメッセージの大きさによってアルゴリズムを切り替えますし、キャッシュやバッファの効き方もある大きさで変わります）か、その呼び出しの間にマシンが忙しかったかのどちらかです。どれだけ外れたかは表で大きさごとに確かめられ、同じ大きさの呼び出しがどれだけばらついたかは「最小-最大」の列でわかります（表の列は `mparlib.devices.pad` でそろえています。`pad` は `display_width` で表示上の幅を数えます。日本語の文字は 2文字分の幅をとるので、文字数を数える `f"{text:<10}"` では日本語版の列がずれてしまいます）。
 #
 # `send`/`recv` で作ったリングは、小さなメッセージではバックエンド自身のオールリデュースより遅くなるはずです。`2(k-1)` 回のステップのそれぞれで Python から別々のメッセージを開始するので、レイテンシを何回も払うからです。ただし忙しいマシンでは、コアを待った呼び出しが 1回あるだけで数ミリ秒長くなるので、小さな大きさでは逆の結果が出ることもあります。小さな大きさの結果は、実行し直しても同じになったときだけ信用してください。大きなメッセージでは差が縮まります。どちらも同じリンクで同じバイト数を運ぶことが限界になるからです。`benchmarks/collectives.py` には 2つの目標があり、達成したかどうかを記録します。ランク 2個で 16 MiB 以上のとき、リングが gloo のオールリデュースの 2倍以内の時間で終わること、そして 64 KiB 以上でモデルが測定値の 25% 以内に収まることです。
 #
@@ -1074,8 +1147,9 @@ assert any("Detected mismatch between collectives" in line and "TensorShape=[4]"
 #
 # - Point-to-point messages (`send`/`recv`, `isend`/`irecv`) connect two ranks; collectives (`broadcast`,
 #   `reduce`, `all_reduce`, `reduce_scatter`, `all_gather`, `all_to_all`) are called by every rank of a group. An
-#   all-reduce is a reduce-scatter followed by an all-gather; the ring's own reduce-scatter leaves chunk `r + 1` on
-#   rank `r` instead of chunk `r`, so for the ring this holds up to a rotation by one chunk.
+#   all-reduce is a reduce-scatter followed by an all-gather, literally so for the ring: `ring_reduce_scatter`
+#   leaves chunk `r` summed on rank `r`, the layout of `dist.reduce_scatter_tensor`, and `ring_all_gather` completes
+#   the sum.
 # - The ring all-reduce needs `2(k-1)` steps of `n / k` elements each; every rank sends about twice the tensor,
 #   whatever the number of ranks. `mparlib.collectives.ring_all_reduce`, built from sends and receives alone, equals
 #   `dist.all_reduce` exactly on integers and to rounding on reals.
@@ -1109,7 +1183,7 @@ assert any("Detected mismatch between collectives" in line and "TensorShape=[4]"
 # <!-- ja -->
 # ## まとめ
 #
-# - 1対1通信（`send`/`recv`、`isend`/`irecv`）は 2つのランクをつなぎます。集合通信（`broadcast`、`reduce`、`all_reduce`、`reduce_scatter`、`all_gather`、`all_to_all`）はグループのすべてのランクが呼び出します。オールリデュースは、リデュース・スキャッターのあとにオールギャザーを続けたものです。リング自身のリデュース・スキャッターはランク `r` にチャンク `r` ではなくチャンク `r + 1` を残すので、リングではチャンク 1つ分の回転を除いて成り立つ関係です。
+# - 1対1通信（`send`/`recv`、`isend`/`irecv`）は 2つのランクをつなぎます。集合通信（`broadcast`、`reduce`、`all_reduce`、`reduce_scatter`、`all_gather`、`all_to_all`）はグループのすべてのランクが呼び出します。オールリデュースは、リデュース・スキャッターのあとにオールギャザーを続けたものです。リングではこれが文字どおり成り立ちます。`ring_reduce_scatter` はランク `r` にチャンク `r` の和を残し（`dist.reduce_scatter_tensor` と同じ配置）、`ring_all_gather` が和を完成させます。
 # - リング・オールリデュースは、`n / k` 要素ずつのステップを `2(k-1)` 回行います。各ランクが送る量は、ランクの数によらずテンソルのおよそ 2倍です。送信と受信だけで作った `mparlib.collectives.ring_all_reduce` は、整数では `dist.all_reduce` と正確に一致し、実数では丸め誤差の範囲で一致します。
 # - メッセージにかかる時間は `α + n β` です。バス帯域幅（`n / t · 2(k-1)/k`）を使えば、ワールドサイズの違うオールリデュースどうしを比べられます。小さなメッセージはレイテンシで、大きなメッセージは帯域幅で時間が決まります。
 # - DDP は勾配をバケット（`bucket_cap_mb`）ごとにオールリデュースし、それは逆伝播の最中に始められます（既定では最初のバケットが小さいので、実際に始まります。モデル全体が 1つのバケットに入ると何も重なりません）。通信フックで送るものを決められます（bfloat16 ならバイト数は半分で、勾配の違いは bfloat16 の丸め誤差の範囲です）。`no_sync()` を使うと、マイクロバッチの勾配を累積して、パラメータの更新 1回につきオールリデュース 1回で、同じ更新を行えます。
