@@ -89,6 +89,7 @@ def main(argv=None):
              world_sizes=args.world_sizes)
     t0 = time.time()
     start = record.machine()
+    software = record.software(nccl=".".join(map(str, torch.cuda.nccl.version())) if num_gpus() else None)  # measured
     rows, fits, fits_min, backends = [], {}, {}, {}
     for k in h["world_sizes"]:
         try:
@@ -118,7 +119,7 @@ def main(argv=None):
         "goals": goals(h, rows, fits),
         "hardware": start | {"backends": {str(k): b for k, b in backends.items()}},
         "load": record.load(start),
-        "software": record.software(nccl=".".join(map(str, torch.cuda.nccl.version())) if num_gpus() else None),
+        "software": software,
         "seconds": round(time.time() - t0, 1),
         "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }

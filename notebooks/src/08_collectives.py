@@ -713,20 +713,23 @@ inside = launch(inside_ddp, 2, backend="gloo", echo=False, timeout=120)
 # ### Buckets overlap the backward pass
 #
 # The figure shows the second backward pass of each run (DDP re-forms its buckets after the first, in the order the
-# gradients arrived). Dots are gradients becoming complete, last layer first; bars are the buckets' all-reduces.
+# gradients arrived). Dots are gradients becoming complete, last layer first; bars are the buckets' all-reduces, one
+# lane per bucket, numbered at their right end (DDP's bucket index).
 # <!-- ja -->
 # ### 逆伝播と重なるバケット
 #
-# 図は、それぞれの実行の 2回目の逆伝播です（DDP は 1回目のあとで、勾配が届いた順にバケットを組み直します）。点は勾配が完成した時刻（最後の層から順に）、横棒は各バケットのオールリデュースです。
+# 図は、それぞれの実行の 2回目の逆伝播です（DDP は 1回目のあとで、勾配が届いた順にバケットを組み直します）。点は勾配が完成した時刻（最後の層から順に）、横棒は各バケットのオールリデュースで、バケットごとに段を分け、右端に番号（DDP のバケットの番号）を付けています。
 
 # %% tags=["nbval-ignore-output"]
 fig = Figure(figsize=(8, 3.8))
 axes = fig.subplots(2, 1, sharex=True)
 for ax, (cap, run) in zip(axes, inside["timeline"].items()):
     ax.plot([t for _, t in run["grads"]], [1] * len(run["grads"]), "o", ms=4, color="#2e86c1")
-    for index, numel, start, end in run["buckets"]:
-        ax.barh(0, end - start, left=start, height=0.5, color="#e59866", edgecolor="white")
-        ax.text((start + end) / 2, 0, str(index), ha="center", va="center", fontsize=7)
+    lane = 0.9 / len(run["buckets"])  # one lane per bucket: all-reduces that overlap in time stay apart
+    for j, (index, numel, start, end) in enumerate(run["buckets"]):
+        y = 0.45 - (j + 0.5) * lane
+        ax.barh(y, end - start, left=start, height=0.85 * lane, color="#e59866", edgecolor="white")
+        ax.text(end, y, f" {index}", ha="left", va="center", fontsize=7)  # after the bar's end, in its own lane
     ax.axvline(run["backward_ms"], color="0.4", ls=":")
     ax.set_yticks([0, 1], [tr("all-reduce", "オールリデュース"), tr("gradient ready", "勾配の完成")])
     ax.set_ylim(-0.6, 1.5)
@@ -822,11 +825,12 @@ assert 0 < c["median_relative_error"] < 2 ** -7 and 0 < c["max_error"] < 2 ** -6
 
 # %% tags=["nbval-ignore-output"]
 acc = inside["accumulation"]
-print(f"{tr('way', '方法'):<30} {tr('difference to one batch', '1バッチとの差'):>24} {tr('ms per step', 'ステップあたり ms'):>14}")
+print(pad(tr("way", "方法"), 38), pad(tr("difference to one batch", "1バッチとの差"), 24, ">"),
+      pad(tr("ms per step", "ステップあたり ms"), 18, ">"))
 names = {"one large batch": tr("one large batch", "1つの大きなバッチ"), "no_sync": "no_sync",
          "all-reduce every micro-batch": tr("all-reduce every micro-batch", "マイクロバッチごとにオールリデュース")}
 for way, r in acc.items():
-    print(f"{names[way]:<30} {r['difference']:>24.1e} {r['ms']:>14.1f}")
+    print(pad(names[way], 38), pad(f"{r['difference']:.1e}", 24, ">"), pad(f"{r['ms']:.1f}", 18, ">"))
 
 # %%
 assert all(r["difference"] < 1e-6 for r in acc.values())  # float32 rounding: the same update
@@ -875,8 +879,6 @@ assert all(r["ms"] > 0 and math.isfinite(r["ms"]) for r in acc.values())
 
 # %%
 # %%worker scaling_workers
-import time
-
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -884,25 +886,29 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from mparlib.ddp_train import make_model
 from mparlib.rendezvous import device
-from mparlib.timing import synchronize
+from mparlib.timing import measure
 
 
-def step_time(model, x, y, steps):
-    """Seconds of the fastest of ``steps`` SGD steps on (x, y), after one warm-up step."""
+def step_time(model, x, y, across=None):
+    """Median seconds of an SGD step on (x, y), by mparlib.timing.measure: a warm-up step, then >= 5 steps, >= 50 ms."""
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    times = []
-    for _ in range(steps + 1):
-        synchronize(x.device)
-        start = time.perf_counter()
+
+    def step():
         optimizer.zero_grad()
         nn.functional.cross_entropy(model(x), y).backward()
         optimizer.step()
-        synchronize(x.device)
-        times.append(time.perf_counter() - start)
-    return min(times[1:])
+
+    return measure(step, device=x.device if x.is_cuda else None, across=across).median
 
 
-def one_vs_many(global_batch, steps=2):
+def slowest(values):
+    """The elementwise maximum over the ranks: each DDP step lasts as long as its slowest rank."""
+    t = torch.tensor(values, dtype=torch.float64, device=device())
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.tolist()
+
+
+def one_vs_many(global_batch):
     rank, k, dev = dist.get_rank(), dist.get_world_size(), device()
     g = torch.Generator().manual_seed(0)  # random images: the time of a step does not depend on the pixels
     x = torch.rand(global_batch, 1, 28, 28, generator=g).to(dev)  # (B, 1, 28, 28)
@@ -912,16 +918,15 @@ def one_vs_many(global_batch, steps=2):
     if rank == 0:  # one device on its own; the other ranks wait at the barrier below
         torch.manual_seed(0)
         net = make_model("resnet18").to(dev)
-        alone = step_time(net, x, y, steps)
-        alone_share = step_time(net, x[:share], y[:share], steps)
+        alone = step_time(net, x, y)
+        alone_share = step_time(net, x[:share], y[:share])
     dist.barrier()
     torch.manual_seed(0)
     model = DDP(make_model("resnet18").to(dev), device_ids=[dev.index] if dev.type == "cuda" else None)
     part = slice(rank * share, (rank + 1) * share)
-    together = torch.tensor([step_time(model, x[part], y[part], steps)], dtype=torch.float64, device=dev)
-    dist.all_reduce(together, op=dist.ReduceOp.MAX)  # a step is over when the slowest rank is done
+    together = step_time(model, x[part], y[part], across=slowest)  # every rank stops after the same step
     grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    return {"alone": alone, "alone_share": alone_share, "together": together.item(), "grad_bytes": grad_bytes,
+    return {"alone": alone, "alone_share": alone_share, "together": together, "grad_bytes": grad_bytes,
             "world_size": k, "per_rank_batch": share, "backend": dist.get_backend(),
             "threads": torch.get_num_threads()}
 
@@ -937,19 +942,30 @@ ms = lambda s: f"{s * 1e3:8.1f} ms"
 speedup = lambda x: tr(f"  speed-up {x:.2f}x", f"  速度 {x:.2f}倍")
 print(tr(f"ResNet-18, global batch {global_batch}, {run['backend']}, {run['threads']} thread(s) per process",
          f"ResNet-18、全体のバッチサイズ {global_batch}、{run['backend']}、プロセスあたり {run['threads']}スレッド"))
-print(tr("measured, 1 device, whole batch:           ", "実測、デバイス 1つ、バッチ全体:              "),
-      ms(run["alone"]))
-print(tr("measured, 2 devices (DDP), half each:      ", "実測、デバイス 2つ（DDP）、半分ずつ:         "),
+label = lambda en, ja: pad(tr(en, ja), 48)  # one column, whatever the edition's characters
+print(label("measured, 1 device, whole batch:", "実測、デバイス 1つ、バッチ全体:"), ms(run["alone"]))
+print(label("measured, 2 devices (DDP), half each:", "実測、デバイス 2つ（DDP）、半分ずつ:"),
       ms(run["together"]), speedup(run["alone"] / run["together"]))
-print(tr("predicted all-reduce of the gradients:     ", "予測、勾配のオールリデュース:                "), ms(comm))
-print(tr("model 1: t1(B) / 2 + all-reduce:           ", "モデル 1: t1(B) / 2 + オールリデュース:       "),
+print(label("predicted all-reduce of the gradients:", "予測、勾配のオールリデュース:"), ms(comm))
+print(label("model 1: t1(B) / 2 + all-reduce:", "モデル 1: t1(B) / 2 + オールリデュース:"),
       ms(naive), speedup(run["alone"] / naive))
-print(tr("model 2: t1(B / 2) measured + all-reduce:  ", "モデル 2: t1(B / 2) の実測 + オールリデュース:"),
+print(label("model 2: t1(B / 2) measured + all-reduce:", "モデル 2: t1(B / 2) の実測 + オールリデュース:"),
       ms(refined), speedup(run["alone"] / refined))
-per_image = (run["alone"] - run["alone_share"]) / (global_batch - run["per_rank_batch"])
+per_image = (run["alone"] - run["alone_share"]) / (global_batch - run["per_rank_batch"])  # seconds per example
 if per_image > 0:
-    print(tr(f"by model 2, 2 devices are slower than 1 below a global batch of about {2 * comm / per_image:.0f}",
-             f"モデル 2 によれば、全体のバッチサイズがおよそ {2 * comm / per_image:.0f} 未満では 2つのデバイスが 1つより遅くなります"))
+    # model 2: t1(B/2) + comm > t1(B) = t1(B/2) + per_image * B/2  <=>  B < 2 comm / per_image
+    exact = 2 * comm / per_image
+    break_even = max(2, 2 * math.ceil(exact / 2))  # a global batch that splits in two: the even number at or above
+    if exact < 2:
+        print(tr(f"by model 2, the break-even global batch is {exact:.2f}, below 2: 2 devices are faster than 1 at "
+                 "every batch that splits in two",
+                 f"モデル 2 によれば、損益分岐の全体のバッチサイズは {exact:.2f} で 2 より小さいので、2つに分けられる"
+                 "どのバッチでも 2つのデバイスが 1つより速くなります"))
+    else:
+        print(tr(f"by model 2, 2 devices are slower than 1 below a global batch of {exact:.1f} (as an even batch: "
+                 f"{break_even})",
+                 f"モデル 2 によれば、全体のバッチサイズが {exact:.1f} 未満では 2つのデバイスが 1つより遅くなります"
+                 f"（偶数のバッチサイズでは {break_even}）"))
 else:
     print(tr("the step did not get faster with half the batch here, so model 2 gives no break-even batch",
              "ここではバッチを半分にしてもステップが速くならなかったので、モデル 2 から損益分岐のバッチサイズは求まりません"))
@@ -979,8 +995,12 @@ assert all(v > 0 and math.isfinite(v) for v in (run["alone"], run["alone_share"]
 #   something the model does not count; the bandwidth measurement, which sends one tensor at a time and
 #   computes nothing, cannot see it.
 #
-# The last line turns model 2 around: it is the global batch below which the all-reduce costs more than the
-# computation that the second device saves. Exercise 2 puts it to the test. On GPUs the same reasoning explains the
+# The last line turns model 2 around. With `t1(b) = c + p b` (a fixed part `c`, `p` seconds per example, measured
+# as the difference of the two single-device steps), two devices lose when `t1(B / 2) + comm > t1(B)`, that is
+# when `comm > p B / 2`: below the global batch `B = 2 comm / p`. A batch is split in two, so the cell also gives
+# the even batch at or above it (`break_even`); when the formula gives less than 2, the second device wins at every
+# batch it can share. Each step time is the median of at least 5 steps timed by `mparlib.timing.measure`, but a
+# busy machine still moves `p`, so the number changes from run to run. Exercise 2 puts it to the test. On GPUs the same reasoning explains the
 # usual advice: keep the per-device batch large, and the links fast, before adding devices.
 # <!-- ja -->
 # 実測の行と 2つの予測を比べてください。違いを決めるのは次の 3つの効果で、このマシンでどれが強く効いているかは数値からわかります。
@@ -989,7 +1009,7 @@ assert all(v > 0 and math.isfinite(v) for v in (run["alone"], run["alone_share"]
 # - **重なりが通信を隠します。** DDP は逆伝播の最中にバケットのオールリデュースを始めます（前の節）。実測がモデル 2 を**下回る**なら、通信の一部が計算と同時に進んだということです。
 # - **デバイスはマシンを共有しています。** CPU のプロセスはメモリ帯域幅やキャッシュを共有し、gloo のスレッドも CPU の時間を必要とし、その分は計算から差し引かれます。マシンで他に動いているものも、それぞれの取り分を持っていきます。GPU は PCIe や NVLink のリンクとホストを共有します。実測がモデル 2 を**上回る**なら、モデルが数えていない何かに時間をとられたということです。テンソルを 1つずつ送るだけで計算をしない帯域幅の測定には、それは見えません。
 #
-# 最後の行は、モデル 2 を逆向きに使ったものです。全体のバッチサイズがこの値より小さいと、オールリデュースにかかる時間が、2つ目のデバイスによって節約できる計算時間を上回ります。練習問題 2 でこれを確かめます。GPU でも同じ考え方から、いつもの助言が出てきます。デバイスを増やす前に、デバイスあたりのバッチを大きく保ち、リンクを速くすることです。
+# 最後の行は、モデル 2 を逆向きに使ったものです。`t1(b) = c + p b`（固定の部分 `c` と、データ 1個あたり `p` 秒。`p` はデバイス 1つでの 2つのステップの時間の差から求めます）とすると、2つのデバイスが負けるのは `t1(B / 2) + comm > t1(B)`、つまり `comm > p B / 2` のとき、全体のバッチサイズが `B = 2 comm / p` より小さいときです。バッチは 2つに分けるので、セルはそれ以上でいちばん近い偶数のバッチサイズ（`break_even`）も表示します。式の値が 2 より小さいときは、分けられるどのバッチでも 2つ目のデバイスが勝ちます。ステップの時間はどれも `mparlib.timing.measure` で 5ステップ以上測った中央値ですが、マシンが混んでいれば `p` はやはり動くので、この数値は実行のたびに変わります。練習問題 2 でこれを確かめます。GPU でも同じ考え方から、いつもの助言が出てきます。デバイスを増やす前に、デバイスあたりのバッチを大きく保ち、リンクを速くすることです。
 
 # %% [markdown]
 # <!-- en -->

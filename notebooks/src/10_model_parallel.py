@@ -715,13 +715,16 @@ print(tr("pipelines on 2 and 4 processes, GPipe and 1F1B, = one process: losses 
 # 式が当てはまるには、ステージの計算量がそろっている必要があります。そのため実験（`mparlib.schedules.measure_bubble`）では、最初と最後のステージに余分な層が付く ViT は使いません。どのステージも `Linear(512, 512)` と tanh を同じだけ積んだもの（`uniform_stage`）で、マイクロバッチは `m` によらず常に 32行です。こうすると、1つの区間の仕事量がどの実行でも同じになります。
 
 # %% tags=["nbval-ignore-output"]
+from mparlib.devices import pad  # table columns by display width
+
 SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B"}  # the names to print
-print(f"{'p':>2} {tr('schedule', 'スケジュール'):<10} {'m':>2} {tr('measured', '測定値'):>9} "
-      f"{tr('formula', '式'):>9}")
+print(pad("p", 2, ">"), pad(tr("schedule", "スケジュール"), 12), pad("m", 2, ">"),
+      pad(tr("measured", "測定値"), 9, ">"), pad(tr("formula", "式"), 9, ">"))  # columns by display width
 for n, report in pipe_reports.items():
     for schedule, rows in report["bubble"].items():
         for m, row in rows.items():
-            print(f"{n:>2} {SCHEDULES[schedule]:<10} {m:>2} {row['measured']:>9.3f} {row['formula']:>9.3f}")
+            print(pad(n, 2, ">"), pad(SCHEDULES[schedule], 12), pad(m, 2, ">"), pad(f"{row['measured']:.3f}", 9, ">"),
+                  pad(f"{row['formula']:.3f}", 9, ">"))
 if mparlib.num_gpus() < 4 and (os.cpu_count() or 1) < 4:
     print(tr("4 processes on fewer than 4 cores share them: a rank that waits for a core looks busy, so the "
              "4-process rows are not a test of the formula here.",
@@ -968,7 +971,7 @@ rows = [
         f"ランクあたりのパラメータはモデルの {min(report_2d['held']) / total:.0%} から {max(report_2d['held']) / total:.0%}")),
 ]
 for what, value in rows:
-    print(f"{what:<40} {value}")
+    print(pad(what, 40), value)  # padded by display width: a Japanese character takes two columns
 print(tr(f"whole chapter so far: {time.perf_counter() - CHAPTER_START:.0f} s",
          f"ここまでの章全体: {time.perf_counter() - CHAPTER_START:.0f}秒"))
 
