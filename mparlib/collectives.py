@@ -287,8 +287,8 @@ def ring_all_reduce(tensor, group=None, *, buffers=None, piece_bytes=PIECE_BYTES
     same shape and dtype on its own device (``mparlib.rendezvous.device()``), and afterwards every rank holds the sum.
     It is :func:`ring_reduce_scatter` followed by :func:`ring_all_gather`: ``2(k-1)`` steps for ``k`` ranks
     (:func:`ring_schedule`), run by :func:`run_ring_steps`. A chunk of more than ``piece_bytes`` travels as several
-    messages posted in the same step (on a 2-core CPU with gloo, eight 4 MiB messages arrived in 14-17 ms where one
-    of 32 MiB took 22-25 ms). Every rank takes part in every step, with empty chunks when the tensor has fewer
+    messages posted in the same step (a choice made by timing the function on a 2-core CPU with gloo; no benchmark
+    of the course re-measures it). Every rank takes part in every step, with empty chunks when the tensor has fewer
     elements than there are ranks. Floating-point sums may differ from ``dist.all_reduce`` in the last bits: the
     additions happen in another order.
 

@@ -265,6 +265,11 @@ def test_without_a_process_group_the_ring_says_how_to_run_it():
         ring_all_reduce(torch.ones(3), buffers=[])
     with pytest.raises(ConfigError, match="piece_bytes=0"):
         ring_all_reduce(torch.ones(3), piece_bytes=0)
+    for phase in (ring_reduce_scatter, ring_all_gather):
+        with pytest.raises(LaunchError, match=f"{phase.__name__} needs a process group"):
+            phase(torch.ones(3))
+        with pytest.raises(ConfigError, match=f"{phase.__name__} needs a torch.Tensor"):
+            phase([1.0, 2.0])
     with pytest.raises(ConfigError, match="n=-1"):
         chunk_bounds(-1, 2)
 
