@@ -6,11 +6,13 @@ starts the processes, waits for them and stops them all at the first failure, an
 writes its own worker module with the ``%%worker`` cell magic (:mod:`mparlib.workers`). Explained in 06_ddp.
 """
 import ctypes
+import errno
 import functools
 import logging
 import os
 import pickle
 import signal
+import socket
 import sys
 import tempfile
 import traceback
@@ -18,6 +20,12 @@ from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
+try:
+    import resource
+except ImportError:  # Windows
+    resource = None
+
+import psutil
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -45,6 +53,7 @@ class _Run:
     timeout: float | None  # seconds a collective may wait
     logs: tuple  # the log file of each rank
     parent: int  # the launcher's pid
+    interface: str | None  # the network interface holding ``host``, for gloo's connections between the ranks
 
 
 def _check_importable(fn):
@@ -69,6 +78,69 @@ def _check_importable(fn):
         "インポートしたものを launch に渡してください。スクリプトでは、ワーカーを専用のモジュールに書きます。"))
 
 
+def _listening_store(host, port, nproc):
+    """The rendezvous server, listening on ``host`` alone (TCPStore by itself would listen on every interface).
+
+    The socket is bound and listening before TCPStore takes it over (``master_listen_fd``, libuv backend), so
+    another machine cannot reach a store started for one machine.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    _check_files()
+    try:
+        sock = socket.socket(family, socket.SOCK_STREAM)
+    except OSError as e:
+        if e.errno in (errno.EMFILE, errno.ENFILE):
+            raise _too_few_files(e.strerror) from None
+        raise
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(128)
+        chosen = sock.getsockname()[1]
+    except BaseException:
+        sock.close()
+        raise
+    fd = sock.detach()  # from here on the store owns the socket and closes it
+    return dist.TCPStore(host, chosen, nproc, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=120),
+                         master_listen_fd=fd, use_libuv=True)
+
+
+FILES_NEEDED = 64  # open files (sockets, pipes, logs) the launcher and each rank may need at once, with room to spare
+
+
+def _too_few_files(why):
+    return LaunchError(tr(
+        f"Too few open files are allowed to start the processes ({why}): the launcher and every rank need several "
+        "sockets, pipes and log files. Close what holds them (a loop that opens files without closing them), "
+        "restart the kernel, or raise the limit (`ulimit -n 4096` in the shell that starts Jupyter or Python).",
+        f"プロセスを起動するのに、同時に開けるファイルの数が足りません（{why}）。ランチャーと各ランクは、ソケット、"
+        "パイプ、ログファイルをいくつも必要とします。ファイルを開いたままにしているもの（閉じずに開き続けるループなど）"
+        "を閉じるか、カーネルを再起動するか、上限を上げてください（Jupyter や Python を起動するシェルで "
+        "`ulimit -n 4096`）。"))
+
+
+def _check_files():
+    """Refuse to start when the open-file limit leaves too little room: the ranks would fail with unclear errors."""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0] if resource else -1
+    if soft < 0:  # unlimited, or not known here
+        return
+    used = psutil.Process().num_fds() if hasattr(psutil.Process, "num_fds") else 0
+    if soft - used < FILES_NEEDED:
+        raise _too_few_files(tr(f"limit {soft}, {used} open already", f"上限 {soft}、すでに {used} 個が開いています"))
+
+
+def _interface(host):
+    """The name of the network interface holding the address ``host`` (for gloo's own connections), or None."""
+    try:
+        wanted = {info[4][0] for info in socket.getaddrinfo(host, None)}
+    except OSError:
+        return None
+    for name, addresses in psutil.net_if_addrs().items():
+        if any(a.address.split("%")[0] in wanted for a in addresses):
+            return name
+    return None
+
+
 def _entry(rank, run):
     """Body of each spawned process: tie it to the launcher, log to a file, join the group, make ``run.call``."""
     code = 1
@@ -84,6 +156,8 @@ def _entry(rank, run):
         torch.set_num_threads(run.threads)
         os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(run.nproc), MASTER_ADDR=run.host,
                           LOCAL_WORLD_SIZE=str(run.nproc), MASTER_PORT=str(run.port), OMP_NUM_THREADS=str(run.threads))
+        if run.interface and "GLOO_SOCKET_IFNAME" not in os.environ:  # gloo listens there too, not on every interface
+            os.environ["GLOO_SOCKET_IFNAME"] = run.interface
         # The launcher hosts the rendezvous server; every rank is a client, as under torchrun's agent.
         store = dist.TCPStore(run.host, run.port, run.nproc, is_master=False, timeout=timedelta(seconds=120))
         with process_group(run.backend, timeout=run.timeout, store=store):
@@ -127,6 +201,8 @@ def launch(fn, nproc, args=(), kwargs=None, *, backend="auto", port=None, host="
                              f"args={args!r}, kwargs={kwargs!r}: ワーカーの位置引数はタプルで、キーワード引数は dict で"
                              "渡してください（例: args=(x, y), kwargs={'lr': 0.1}）。"))
     backend, timeout = choose_backend(backend, nproc), seconds(timeout, "timeout", "launch")
+    if threads is not None:
+        threads = positive_int(threads, "threads", 1, "launch")
     cores = os.cpu_count() or 1
     most = max(8, 4 * cores)
     if backend == "gloo" and nproc > most:
@@ -140,15 +216,14 @@ def launch(fn, nproc, args=(), kwargs=None, *, backend="auto", port=None, host="
     if port not in (None, 0):
         check_port(port, host)
     # The server lives here, so no rank has to win a race for the port.
-    server = dist.TCPStore(host, port or 0, nproc, is_master=True, wait_for_workers=False,
-                           timeout=timedelta(seconds=120))
+    server = _listening_store(host, port or 0, nproc)
     try:
         with tempfile.TemporaryDirectory(prefix="mparlib-launch-") as tmp:
             logs = Path(tmp if log_dir is None else log_dir)
             logs.mkdir(parents=True, exist_ok=True)
             run = _Run(functools.partial(fn, *args, **(kwargs or {})), nproc, host, server.port, backend,
                        threads or (1 if backend == "nccl" else max(1, cores // nproc)), timeout,
-                       tuple(str(logs / f"rank{r}.log") for r in range(nproc)), os.getpid())
+                       tuple(str(logs / f"rank{r}.log") for r in range(nproc)), os.getpid(), _interface(host))
             return _supervise(run, server, echo, show)
     finally:
         del server  # the frames of an exception must not keep the port open

@@ -78,3 +78,18 @@ def skips_collective(timeout_expected=True):
         dist.all_reduce(torch.ones(1))
     else:
         time.sleep(30)
+
+
+def listening_addresses():
+    """Rank 0 returns the local addresses on which the launcher and every rank listen for connections."""
+    import psutil
+
+    pids = [None] * dist.get_world_size()
+    dist.all_gather_object(pids, os.getpid())
+    found = []
+    if dist.get_rank() == 0:
+        for pid in [os.getppid(), *pids]:
+            found += [(c.laddr.ip, c.laddr.port) for c in psutil.Process(pid).net_connections(kind="inet")
+                      if c.status == psutil.CONN_LISTEN]
+    dist.barrier()
+    return {"listening": found, "store_port": int(os.environ["MASTER_PORT"])}

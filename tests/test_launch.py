@@ -18,9 +18,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from launch_workers import (course_error, echo_arguments, failing, killed_mid_run, rank_sum, skips_collective)
+from launch_workers import (course_error, echo_arguments, failing, killed_mid_run, listening_addresses, rank_sum,
+                            skips_collective)
 from mparlib import launch, rendezvous
-from mparlib.errors import ConfigError, WorkerFailed
+from mparlib.errors import ConfigError, LaunchError, WorkerFailed
 
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
@@ -93,11 +94,33 @@ def test_nothing_is_left_behind_in_the_launching_process(tmp_path, monkeypatch):
     (dict(nproc=0), "nproc=0"), (dict(nproc=2.0), "nproc=2.0"), (dict(nproc=True), "nproc=True"),
     (dict(args=5), "args=5"), (dict(kwargs=[1]), r"kwargs=\[1\]"), (dict(timeout=-1), "timeout=-1"),
     (dict(timeout=float("nan")), "timeout=nan"), (dict(backend="mpi"), "backend='mpi'"),
+    (dict(threads=-3), "threads=-3"), (dict(threads=1.5), "threads=1.5"),
 ])
 def test_bad_arguments_are_refused_before_any_process_starts(bad, match):
     call = dict(nproc=2) | bad
     with pytest.raises(ConfigError, match=match):
         launch.launch(rank_sum, call.pop("nproc"), **call)
+
+
+LOOPBACK = {"127.0.0.1", "::1", "::ffff:127.0.0.1"}
+
+
+def test_nothing_of_a_launch_listens_beyond_loopback():
+    got = launch.launch(listening_addresses, 2, echo=False)
+    assert (any(port == got["store_port"] for _, port in got["listening"])  # the store is among them
+            and {ip for ip, _ in got["listening"]} <= LOOPBACK), got
+
+
+def test_too_low_an_open_file_limit_is_named_before_any_process_starts():
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 10, hard))
+    try:
+        with pytest.raises(LaunchError, match=r"Too few open files .*ulimit -n"):
+            launch.launch(rank_sum, 2, echo=False)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
 def test_too_many_cpu_processes_for_this_machine_are_refused():
