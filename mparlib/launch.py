@@ -126,7 +126,7 @@ def _check_files():
         return
     used = psutil.Process().num_fds() if hasattr(psutil.Process, "num_fds") else 0
     if soft - used < FILES_NEEDED:
-        raise _too_few_files(tr(f"limit {soft}, {used} open already", f"上限 {soft}、すでに {used} 個が開いています"))
+        raise _too_few_files(tr(f"limit {soft}, {used} open already", f"上限 {soft}、すでに {used}個が開いています"))
 
 
 def _interface(host):
