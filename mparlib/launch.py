@@ -13,6 +13,7 @@ import os
 import pickle
 import signal
 import socket
+import stat
 import sys
 import tempfile
 import traceback
@@ -129,6 +130,24 @@ def _check_files():
         raise _too_few_files(tr(f"limit {soft}, {used} open already", f"上限 {soft}、すでに {used}個が開いています"))
 
 
+def _check_logs(paths):
+    """Refuse log files that would send a rank's output somewhere else: links, special files, other users' files."""
+    for path in paths:
+        try:
+            info = os.lstat(path)
+        except FileNotFoundError:
+            continue
+        if stat.S_ISLNK(info.st_mode) or not stat.S_ISREG(info.st_mode) or info.st_nlink > 1 \
+                or info.st_uid != os.geteuid():
+            raise LaunchError(tr(
+                f"{path} is not a log file of this launcher (a link, a special file, a file with several names, or "
+                "another user's file): the ranks' output would be appended to whatever it points at. It was left as "
+                "it is; remove it, or choose another log_dir.",
+                f"{path} はこのランチャーのログファイルではありません（リンク、特殊なファイル、複数の名前を持つファイル、"
+                "または別のユーザーのファイル）。ランクの出力がその指す先に追記されてしまいます。そのままにしてあるので、"
+                "削除するか、別の log_dir を指定してください。"))
+
+
 def _interface(host):
     """The name of the network interface holding the address ``host`` (for gloo's own connections), or None."""
     try:
@@ -149,7 +168,8 @@ def _entry(rank, run):
             ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG (torch sets SIGINT, which may go unheard)
         if os.getppid() != run.parent:  # the launcher died before that took effect
             os._exit(1)
-        log = open(run.logs[rank], "a", buffering=1, encoding="utf-8")
+        fd = os.open(run.logs[rank], os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
+        log = open(fd, "a", buffering=1, encoding="utf-8")
         os.dup2(log.fileno(), 1)  # the process's prints (and C++ warnings) go to its log, not to the notebook
         os.dup2(log.fileno(), 2)
         sys.stdout = sys.stderr = log
@@ -221,6 +241,7 @@ def launch(fn, nproc, args=(), kwargs=None, *, backend="auto", port=None, host="
         with tempfile.TemporaryDirectory(prefix="mparlib-launch-") as tmp:
             logs = Path(tmp if log_dir is None else log_dir)
             logs.mkdir(parents=True, exist_ok=True)
+            _check_logs([logs / f"rank{r}.log" for r in range(nproc)])
             run = _Run(functools.partial(fn, *args, **(kwargs or {})), nproc, host, server.port, backend,
                        threads or (1 if backend == "nccl" else max(1, cores // nproc)), timeout,
                        tuple(str(logs / f"rank{r}.log") for r in range(nproc)), os.getpid(), _interface(host))

@@ -45,6 +45,19 @@ def test_logs_are_kept_per_rank_and_appended(tmp_path):
     assert (tmp_path / "rank1.log").read_text().count("rank 1: sum 1") == 2
 
 
+@pytest.mark.parametrize("kind", ["symlink", "hardlink", "fifo"])
+def test_a_log_that_leads_elsewhere_is_refused_and_left_alone(tmp_path, kind):
+    target = tmp_path / "notes.txt"
+    target.write_text("mine\n")
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    {"symlink": lambda p: p.symlink_to(target), "hardlink": lambda p: os.link(target, p),
+     "fifo": lambda p: os.mkfifo(p)}[kind](logs / "rank0.log")
+    with pytest.raises(LaunchError, match=r"rank0\.log is not a log file of this launcher"):
+        launch.launch(rank_sum, 2, log_dir=logs, echo=False)
+    assert target.read_text() == "mine\n"
+
+
 def test_a_failing_rank_is_named_with_the_end_of_its_log_and_the_others_stopped():
     t = time.monotonic()
     with pytest.raises(WorkerFailed) as e:
