@@ -185,7 +185,7 @@ def _refuse_special(path, what):
         raise CheckpointError(tr(f"{what}: {path} is {kind}, not a regular file; a checkpoint is never written into "
                                  "or read from one (it could block forever). Give the name of an ordinary file.",
                                  f"{what}: {path} は通常のファイルではなく{kind_ja}です。チェックポイントをそこへ書いたり"
-                                 "そこから読んだりはしません（永遠に待ち続けることがあります）。普通のファイルの名前を"
+                                 "そこから読んだりはしません（永遠に待ち続けることがあります）。ふつうのファイルの名前を"
                                  "指定してください。"))
 
 
