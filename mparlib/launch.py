@@ -16,6 +16,7 @@ import socket
 import stat
 import sys
 import tempfile
+import time
 import traceback
 from dataclasses import dataclass
 from datetime import timedelta
@@ -39,7 +40,8 @@ from .progress import in_kernel
 from .rendezvous import check_port, choose_backend, process_group
 from .workers import register_magic
 
-RESULT, FAILURES = "mparlib/result", "mparlib/failures"  # keys in the launcher's store; a rank's error: mparlib/error{r}
+# Keys in the launcher's store; a rank's error: mparlib/error{r}; a rank whose function returned: mparlib/done{r}.
+RESULT, FAILURES, DONE = "mparlib/result", "mparlib/failures", "mparlib/done"
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,7 @@ class _Run:
     logs: tuple  # the log file of each rank
     parent: int  # the launcher's pid
     interface: str | None  # the network interface holding ``host``, for gloo's connections between the ranks
+    limit: float | None  # seconds the whole run may take
 
 
 def _check_importable(fn):
@@ -160,6 +163,54 @@ def _interface(host):
     return None
 
 
+class _Discard:
+    """A file that forgets what is written to it: pickling into it only checks that pickling works."""
+
+    def write(self, data):
+        return len(data)
+
+
+def _pickled_result(result):
+    """Rank 0's result as bytes for the store, or a course error saying why it cannot travel back."""
+    try:
+        return pickle.dumps(result)
+    except Exception as e:  # noqa: BLE001 - pickle fails in many ways (PicklingError, TypeError, AttributeError...)
+        raise LaunchError(tr(
+            f"Rank 0's return value (a {type(result).__name__}) cannot be sent back to the launcher: {e}. A result "
+            "travels by pickle, so return plain data: tensors, numbers, strings, and lists, tuples and dicts of "
+            "them (not lambdas, local functions, open files, locks or generators).",
+            f"ランク 0 の戻り値（{type(result).__name__}）をランチャーに送り返せません: {e}。結果は pickle で運ぶ"
+            "ので、テンソル、数値、文字列と、それらのリスト、タプル、dict のような素のデータを返してください（lambda、"
+            "ローカル関数、開いたファイル、ロック、ジェネレーターは運べません）。")) from None
+
+
+def _check_picklable(fn, args, kwargs):
+    """Each new process receives ``fn`` and its arguments by pickle: name the one that cannot travel, and why."""
+    name = getattr(fn, "__qualname__", repr(fn))
+    try:
+        pickle.Pickler(_Discard()).dump(fn)
+    except Exception as e:  # noqa: BLE001
+        module = getattr(fn, "__module__", "my_workers")
+        raise LaunchError(tr(
+            f"The worker {name!r} cannot be sent to the new processes ({e}). If its %%worker cell was run again "
+            f"after you imported it, import it again (from {module} import {name}) and launch the new version.",
+            f"ワーカー関数 {name!r} を新しいプロセスに送れません（{e}）。インポートした後にその %%worker セルを"
+            f"もう一度実行したなら、もう一度インポートして（from {module} import {name}）新しい版を launch に渡して"
+            "ください。")) from None
+    named = [(f"args[{i}]", a) for i, a in enumerate(args)] + [(f"kwargs[{k!r}]", v) for k, v in kwargs.items()]
+    for where, value in named:
+        try:
+            pickle.Pickler(_Discard()).dump(value)
+        except Exception as e:  # noqa: BLE001
+            raise ConfigError(tr(
+                f"launch: {where} (a {type(value).__name__}) cannot be sent to the new processes: {e}. Arguments "
+                "travel by pickle: pass plain data (tensors, numbers, strings, lists and dicts of them) or functions "
+                "defined at the top of a module (a %%worker cell), not lambdas, local functions or open files.",
+                f"launch: {where}（{type(value).__name__}）を新しいプロセスに送れません: {e}。引数は pickle で運ぶので、"
+                "素のデータ（テンソル、数値、文字列と、それらのリストや dict）か、モジュールの最上位で定義した関数"
+                "（%%worker セル）を渡してください。lambda、ローカル関数、開いたファイルは運べません。")) from None
+
+
 def _entry(rank, run):
     """Body of each spawned process: tie it to the launcher, log to a file, join the group, make ``run.call``."""
     code = 1
@@ -184,11 +235,12 @@ def _entry(rank, run):
             try:
                 result = run.call()
                 if rank == 0:
-                    store.set(RESULT, pickle.dumps(result))
+                    store.set(RESULT, _pickled_result(result))
+                store.set(f"{DONE}{rank}", b"1")
             except BaseException as e:  # recorded before leaving the group wakes the others with errors of their own
                 course = e if isinstance(e, MparlibError) and not isinstance(e, WorkerFailed) else None
-                store.set(f"mparlib/error{rank}", pickle.dumps((store.add(FAILURES, 1), f"{type(e).__name__}: {e}",
-                                                                course)))
+                summary = f"sys.exit({e.code!r})" if isinstance(e, SystemExit) else f"{type(e).__name__}: {e}"
+                store.set(f"mparlib/error{rank}", pickle.dumps((store.add(FAILURES, 1), summary, course)))
                 raise
         code = 0
     except BaseException as e:
@@ -199,7 +251,7 @@ def _entry(rank, run):
 
 
 def launch(fn, nproc, args=(), kwargs=None, *, backend="auto", port=None, host="127.0.0.1", threads=None,
-           log_dir=None, echo=True, show=None, timeout=None):
+           log_dir=None, echo=True, show=None, timeout=None, limit=None):
     """Run ``fn(*args, **kwargs)`` in ``nproc`` new local processes and return rank 0's result. Explained in 06_ddp.
 
     Each process is started fresh (``spawn``), gets the variables torchrun would set (``RANK``, ``WORLD_SIZE``,
@@ -209,7 +261,8 @@ def launch(fn, nproc, args=(), kwargs=None, *, backend="auto", port=None, host="
     each rank appends to ``log_dir/rank{r}.log`` (a temporary folder by default). ``show`` names a PNG that rank 0
     rewrites (an :class:`~mparlib.plot.Animator` file): in Jupyter it is shown and updated in the cell. ``port=None``
     (or 0) lets the system choose the rendezvous port. ``threads`` per process defaults to the CPU cores shared out.
-    ``timeout`` (seconds) bounds how long a collective waits. If a process fails, all are stopped; an error raised by
+    ``timeout`` (seconds) bounds how long one collective waits for the other ranks; ``limit`` (seconds) bounds the
+    whole run, which is stopped (every rank) when it takes longer. If a process fails, all are stopped; an error raised by
     the course in a worker comes back as the same class and message, anything else as :class:`WorkerFailed` naming
     the rank and showing the end of its log. The processes never outlive this call, nor the process that made it.
     """
@@ -220,7 +273,9 @@ def launch(fn, nproc, args=(), kwargs=None, *, backend="auto", port=None, host="
                              "and its keyword arguments as a dict, e.g. args=(x, y), kwargs={'lr': 0.1}.",
                              f"args={args!r}, kwargs={kwargs!r}: ワーカーの位置引数はタプルで、キーワード引数は dict で"
                              "渡してください（例: args=(x, y), kwargs={'lr': 0.1}）。"))
+    _check_picklable(fn, args, kwargs or {})
     backend, timeout = choose_backend(backend, nproc), seconds(timeout, "timeout", "launch")
+    limit = seconds(limit, "limit", "launch")
     if threads is not None:
         threads = positive_int(threads, "threads", 1, "launch")
     cores = os.cpu_count() or 1
@@ -244,16 +299,24 @@ def launch(fn, nproc, args=(), kwargs=None, *, backend="auto", port=None, host="
             _check_logs([logs / f"rank{r}.log" for r in range(nproc)])
             run = _Run(functools.partial(fn, *args, **(kwargs or {})), nproc, host, server.port, backend,
                        threads or (1 if backend == "nccl" else max(1, cores // nproc)), timeout,
-                       tuple(str(logs / f"rank{r}.log") for r in range(nproc)), os.getpid(), _interface(host))
+                       tuple(str(logs / f"rank{r}.log") for r in range(nproc)), os.getpid(), _interface(host), limit)
             return _supervise(run, server, echo, show)
     finally:
         del server  # the frames of an exception must not keep the port open
 
 
+def _stop(processes):
+    """End every rank at once and reap it."""
+    for p in processes:
+        p.kill()
+        p.join()
+
+
 def _supervise(run, server, echo, show):
     """Start the ranks, echo rank 0's log while torch's ``join`` waits for them, and return rank 0's result.
 
-    At the first failure ``join`` gives the other ranks 2 s to end by themselves, then stops them.
+    At the first failure ``join`` gives the other ranks 2 s to end by themselves, then stops them. A run that goes
+    past ``run.limit`` seconds is stopped at once.
     """
     offsets = [os.path.getsize(p) if os.path.exists(p) else 0 for p in run.logs]  # logs are appended to, never erased
     echoer = _LogEcho(run.logs[0] if echo else None, offsets[0], show)
@@ -262,16 +325,19 @@ def _supervise(run, server, echo, show):
     spawn_log.setLevel(logging.ERROR)  # torch's "Terminating process ..." (in English): our error says so
     try:
         ctx = mp.start_processes(_entry, args=(run,), nprocs=run.nproc, join=False, start_method="spawn")
+        end = None if run.limit is None else time.monotonic() + run.limit
         try:
             while not ctx.join(timeout=0.2, grace_period=2.0):
                 echoer.poll()
+                if end is not None and time.monotonic() > end:
+                    _stop(ctx.processes)
+                    echoer.poll()
+                    raise _over_limit(run, offsets)
         except ProcessException as e:
             echoer.poll()
             raise _failure(ctx.processes, e.error_index, server, run, offsets) from None
-        except BaseException:  # Ctrl+C or the notebook's stop button: do not leave processes behind
-            for p in ctx.processes:
-                p.kill()
-                p.join()
+        except BaseException:  # Ctrl+C, the notebook's stop button, the limit: do not leave processes behind
+            _stop(ctx.processes)
             raise
         echoer.poll()
         if not server.check([RESULT]):
@@ -283,27 +349,53 @@ def _supervise(run, server, echo, show):
         del server  # the frames of an exception must not keep the port open
 
 
+def _over_limit(run, offsets):
+    how = tr(f"the run took longer than limit={run.limit:g} s", f"実行が limit={run.limit:g}秒を超えました")
+    return WorkerFailed(tr(
+        f"{how}, so every rank was stopped. (limit bounds the whole run; timeout bounds how long one collective "
+        "waits.) Give a larger limit, or look for a rank that never finishes. End of rank 0's log:\n",
+        f"{how}。そのため、すべてのランクを停止しました（limit は実行全体の、timeout は 1回の集団通信が待つ時間の"
+        "上限です）。limit を大きくするか、終わらないランクを探してください。ランク 0 のログの末尾:\n")
+        + _tail(run.logs[0], offsets[0]), cause=how)
+
+
 def _failure(processes, seen, server, run, offsets):
     """The error for a failed run: the course error that the rank that failed first raised, as it is; else
     :class:`WorkerFailed` naming that rank, how it failed, and the end of its log. ``seen``: the rank torch saw fail."""
     records = {r: pickle.loads(server.get(f"mparlib/error{r}"))  # (order, "Type: message", course error or None)
                for r in range(run.nproc) if server.check([f"mparlib/error{r}"])}
     codes = [p.exitcode for p in processes]
-    # A rank that ended without a record was killed at once (a signal, os._exit): nothing can have failed before it.
-    # SIGTERM is how torch stopped the others.
-    silent = [r for r, code in enumerate(codes) if code not in (0, -signal.SIGTERM) and r not in records]
+    # A rank that ended without a record and before its function returned was ended at once (a signal, os._exit,
+    # even with code 0): nothing can have failed before it. SIGTERM is how torch stopped the others.
+    silent = [r for r, code in enumerate(codes) if code is not None and code != -signal.SIGTERM
+              and r not in records and not server.check([f"{DONE}{r}"])]
     first = silent[0] if silent else min(records, key=lambda r: records[r][0], default=seen)
     _, summary, course = records.get(first, (None, None, None))
     if course is not None:  # a clear message from the course: give it as it is
         return course
-    code = codes[first]
-    how = tr(f"rank {first} failed with {summary}", f"ランク {first} で {summary} が発生しました") if summary else \
-        tr(f"rank {first} exited with code {code}", f"ランク {first} が終了コード {code} で終了しました") if code > 0 else \
-        tr(f"rank {first} was killed by signal {signal.Signals(-code).name}",
-           f"ランク {first} がシグナル {signal.Signals(-code).name} で強制終了されました")
-    return WorkerFailed(tr(f"{how}; the other processes were stopped. End of rank {first}'s log:\n",
-                           f"{how}。他のプロセスは停止しました。ランク {first} のログの末尾:\n")
-                        + _tail(run.logs[first], offsets[first]), rank=first, cause=how)
+    return WorkerFailed(tr(f"{_how(first, summary, codes[first])}; the other processes were stopped. End of rank "
+                           f"{first}'s log:\n",
+                           f"{_how(first, summary, codes[first])}。他のプロセスは停止しました。ランク {first} のログの"
+                           "末尾:\n")
+                        + _tail(run.logs[first], offsets[first]), rank=first, cause=_how(first, summary, codes[first]))
+
+
+def _how(rank, summary, code):
+    """One line saying how ``rank`` ended: its error, its ``sys.exit``, its exit code or the signal that killed it."""
+    early = tr("before its function returned: a worker ends by returning its result (or raising an error), never by "
+               "ending its process", "関数が戻る前です。ワーカーは結果を返す（またはエラーを送出する）ことで終わり、"
+               "プロセスを終了させてはいけません")
+    if summary and summary.startswith("sys.exit("):
+        return tr(f"rank {rank} called {summary} {early}", f"ランク {rank} が {summary} を呼びました。{early}")
+    if summary:
+        return tr(f"rank {rank} failed with {summary}", f"ランク {rank} で {summary} が発生しました")
+    if code == 0:
+        return tr(f"rank {rank} ended with exit code 0 {early} (os._exit?)",
+                  f"ランク {rank} が終了コード 0 で終了しました。{early}（os._exit？）")
+    if code is not None and code > 0:
+        return tr(f"rank {rank} exited with code {code}", f"ランク {rank} が終了コード {code} で終了しました")
+    name = signal.Signals(-code).name if code is not None else "?"
+    return tr(f"rank {rank} was killed by signal {name}", f"ランク {rank} がシグナル {name} で強制終了されました")
 
 
 def _tail(path, offset=0, lines=25):

@@ -93,3 +93,33 @@ def listening_addresses():
                       if c.status == psutil.CONN_LISTEN]
     dist.barrier()
     return {"listening": found, "store_port": int(os.environ["MASTER_PORT"])}
+
+
+def exits_early(who=0, code=7, how="os"):
+    """Rank ``who`` ends its process in the middle of the run (``os._exit`` or ``sys.exit``); the others then wait in
+    a collective that can never complete."""
+    import sys
+
+    if dist.get_rank() == who:
+        print("leaving early", flush=True)
+        time.sleep(0.2)
+        if how == "os":
+            os._exit(code)
+        sys.exit(code)
+    dist.barrier()
+    dist.all_reduce(torch.ones(1))
+    return "finished"
+
+
+def returns_unpicklable():
+    """Every rank returns a value that pickle cannot carry (a lambda)."""
+    dist.barrier()
+    return {"scale": lambda x: 2 * x}
+
+
+def runs_forever_without_collectives(folder=None):
+    """Never returns and never calls a collective: only a wall-clock limit ends it."""
+    if folder is not None:
+        Path(folder, f"rank{dist.get_rank()}.pid").write_text(str(os.getpid()))
+    while True:
+        time.sleep(0.1)

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from launch_workers import (course_error, echo_arguments, failing, killed_mid_run, listening_addresses, rank_sum,
-                            skips_collective)
+from launch_workers import (course_error, echo_arguments, exits_early, failing, killed_mid_run, listening_addresses,
+                            rank_sum, returns_unpicklable, runs_forever_without_collectives, skips_collective)
 from mparlib import launch, rendezvous
 from mparlib.errors import ConfigError, LaunchError, WorkerFailed
 
@@ -79,6 +79,54 @@ def test_a_rank_killed_by_a_signal_is_the_cause_and_its_log_is_shown():
     assert e.value.rank == 1 and e.value.cause == "rank 1 was killed by signal SIGKILL"
 
 
+@pytest.mark.parametrize("who, code, how, match", [
+    (0, 7, "os", r"^rank 0 exited with code 7;"),
+    (1, 0, "os", r"^rank 1 ended with exit code 0 before its function returned"),
+    (1, 0, "sys", r"^rank 1 called sys\.exit\(0\) before its function returned"),
+    (0, 3, "sys", r"^rank 0 called sys\.exit\(3\) before its function returned"),
+])
+def test_the_rank_that_ended_its_process_is_blamed(who, code, how, match):
+    with pytest.raises(WorkerFailed, match=match) as e:
+        launch.launch(exits_early, 2, args=(who, code, how), echo=False, timeout=60)
+    assert e.value.rank == who and "leaving early" in str(e.value)
+
+
+def test_a_result_that_cannot_travel_back_is_explained():
+    with pytest.raises(LaunchError, match=r"^Rank 0's return value \(a dict\) cannot be sent back.*lambda"):
+        launch.launch(returns_unpicklable, 2, echo=False)
+
+
+@pytest.mark.parametrize("call, match", [
+    (dict(args=(1, lambda x: x)), r"^launch: args\[1\] \(a function\) cannot be sent"),
+    (dict(kwargs={"log": open(os.devnull)}), r"^launch: kwargs\['log'\] \(a TextIOWrapper\) cannot be sent"),
+])
+def test_an_argument_that_cannot_travel_is_named_before_any_process_starts(call, match):
+    with pytest.raises(ConfigError, match=match):
+        launch.launch(rank_sum, 2, echo=False, **call)
+    for value in call.get("kwargs", {}).values():
+        value.close()
+
+
+def test_a_stale_worker_from_an_earlier_run_of_its_cell_is_explained():
+    from mparlib.workers import write_worker
+
+    old = write_worker("mparlib_test_stale_worker", "def work():\n    return 1\n").work
+    write_worker("mparlib_test_stale_worker", "def work():\n    return 2\n")  # the cell is run again
+    with pytest.raises(LaunchError, match=r"import it again \(from mparlib_test_stale_worker import work\)"):
+        launch.launch(old, 2, echo=False)
+
+
+def test_a_wall_clock_limit_ends_ranks_that_never_call_a_collective(tmp_path):
+    import psutil
+
+    with pytest.raises(WorkerFailed, match=r"^the run took longer than limit=20 s, so every rank was stopped"):
+        launch.launch(runs_forever_without_collectives, 2, args=(str(tmp_path),), limit=20, timeout=1, echo=False)
+    pids = [int(f.read_text()) for f in tmp_path.glob("rank*.pid") if f.read_text()]
+    assert not any(_alive(p) for p in pids) and not multiprocessing.active_children()
+    assert not [c for c in psutil.Process().children() if c.name().startswith("python") and c.status() != "zombie"
+                and "spawn_main" in " ".join(c.cmdline())]
+
+
 def test_a_collective_that_one_rank_skips_ends_at_the_timeout():
     t = time.monotonic()
     with pytest.raises(WorkerFailed, match="rank 0 failed with"):
@@ -107,7 +155,7 @@ def test_nothing_is_left_behind_in_the_launching_process(tmp_path, monkeypatch):
     (dict(nproc=0), "nproc=0"), (dict(nproc=2.0), "nproc=2.0"), (dict(nproc=True), "nproc=True"),
     (dict(args=5), "args=5"), (dict(kwargs=[1]), r"kwargs=\[1\]"), (dict(timeout=-1), "timeout=-1"),
     (dict(timeout=float("nan")), "timeout=nan"), (dict(backend="mpi"), "backend='mpi'"),
-    (dict(threads=-3), "threads=-3"), (dict(threads=1.5), "threads=1.5"),
+    (dict(threads=-3), "threads=-3"), (dict(threads=1.5), "threads=1.5"), (dict(limit=0), "limit=0"),
 ])
 def test_bad_arguments_are_refused_before_any_process_starts(bad, match):
     call = dict(nproc=2) | bad
@@ -200,6 +248,20 @@ def test_no_rank_outlives_a_killed_launcher(tmp_path, child_env, sig):
         proc.send_signal(sig)
         proc.wait(timeout=30)
         assert _gone_within(pids), f"ranks {pids} still ran 10 s after the launcher got {sig.name}"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_no_rank_outlives_a_stopped_then_killed_launcher(tmp_path, child_env):
+    proc = subprocess.Popen([sys.executable, "-c", LAUNCHER, str(tmp_path)], env=child_env(TESTS),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        pids = _wait_for_pids(tmp_path, 2)
+        proc.send_signal(signal.SIGSTOP)  # Ctrl+Z, then the terminal or its shell goes away
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+        assert _gone_within(pids), f"ranks {pids} still ran 10 s after the stopped launcher was killed"
     finally:
         if proc.poll() is None:
             proc.kill()
