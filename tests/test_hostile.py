@@ -167,3 +167,24 @@ def test_one_checkpoint_root_has_one_writer(tmp_path):
     assert not (tmp_path / MARKER).exists()
     save_sharded(_state(), tmp_path, step=1)
     assert os.path.isdir(tmp_path / "step-00000001") and Path(tmp_path / MARKER).read_text() == "step-00000001\n"
+
+
+# ------------------------------------------------------------------------------------ the launcher's surfaces
+
+@pytest.mark.parametrize("name, ascii_name", [("ｍｙ＿ｗｏｒｋｅｒｓ", "my_workers"), ("ｗｏｒｋｅｒｓ２", "workers2")])
+def test_a_full_width_worker_name_is_refused_with_the_ascii_one(name, ascii_name):
+    from mparlib.workers import write_worker
+
+    with pytest.raises(ConfigError, match=rf"full-width \(zenkaku\).*%%worker {ascii_name}$"):
+        write_worker(name, "x = 1\n")
+
+
+# ------------------------------------------------------------------------------------ the language setting
+
+def test_an_unknown_language_never_hides_the_error_being_reported(monkeypatch):
+    from mparlib.checks import finite_float
+
+    monkeypatch.setenv("MPARLIB_LANG", "fr")
+    with pytest.warns(UserWarning, match=r"MPARLIB_LANG='fr' is not a course language.*shown in English"):
+        with pytest.raises(ConfigError, match=r"^train: lr=nan: use a positive, finite number"):
+            finite_float(float("nan"), "lr", 0.1, "train")

@@ -131,7 +131,7 @@ def test_a_collective_that_one_rank_skips_ends_at_the_timeout():
     t = time.monotonic()
     with pytest.raises(WorkerFailed, match="rank 0 failed with"):
         launch.launch(skips_collective, 2, timeout=3, echo=False)
-    assert time.monotonic() - t < 25
+    assert time.monotonic() - t < 300  # rank 1 would sleep 600 s: the timeout, not its return, ended the run
 
 
 def test_nothing_is_left_behind_in_the_launching_process(tmp_path, monkeypatch):
