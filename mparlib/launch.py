@@ -211,12 +211,36 @@ def _check_picklable(fn, args, kwargs):
                 "（%%worker セル）を渡してください。lambda、ローカル関数、開いたファイルは運べません。")) from None
 
 
+def _descendants(pids):
+    """``{pid: psutil.Process}`` of every living descendant of the processes ``pids``."""
+    found = {}
+    for pid in pids:
+        try:
+            found.update((c.pid, c) for c in psutil.Process(pid).children(recursive=True))
+        except psutil.Error:  # ended meanwhile
+            pass
+    return found
+
+
+def _end_all(processes):
+    """Kill ``processes`` (psutil handles: a pid reused since is never touched) and wait for them briefly."""
+    alive = []
+    for proc in processes:
+        try:
+            proc.kill()
+            alive.append(proc)
+        except psutil.Error:
+            pass
+    psutil.wait_procs(alive, timeout=5)
+
+
 def _entry(rank, run):
     """Body of each spawned process: tie it to the launcher, log to a file, join the group, make ``run.call``."""
     code = 1
     try:
         if sys.platform == "linux":  # the kernel sends SIGKILL to this process the moment the launcher dies
             ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG (torch sets SIGINT, which may go unheard)
+            ctypes.CDLL(None).prctl(36, 1)  # PR_SET_CHILD_SUBREAPER: the rank's orphaned descendants stay its own
         if os.getppid() != run.parent:  # the launcher died before that took effect
             os._exit(1)
         fd = os.open(run.logs[rank], os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
@@ -247,6 +271,7 @@ def _entry(rank, run):
         print(f"error: {e}" if isinstance(e, MparlibError) else traceback.format_exc(), flush=True)
     finally:  # the work is saved and the group left: skip the interpreter's teardown of torch's C++ threads (torch's
         sys.stdout.flush()  # wrapper then sees an exit code, never an exception: the rank's record is in the store)
+        _end_all(_descendants([os.getpid()]).values())  # processes the worker started end with it
         os._exit(code)
 
 
@@ -326,9 +351,11 @@ def _supervise(run, server, echo, show):
     try:
         ctx = mp.start_processes(_entry, args=(run,), nprocs=run.nproc, join=False, start_method="spawn")
         end = None if run.limit is None else time.monotonic() + run.limit
+        started = {}  # processes the ranks started (seen while the ranks live), ended with the run
         try:
             while not ctx.join(timeout=0.2, grace_period=2.0):
                 echoer.poll()
+                started.update(_descendants([p.pid for p in ctx.processes if p.is_alive()]))
                 if end is not None and time.monotonic() > end:
                     _stop(ctx.processes)
                     echoer.poll()
@@ -339,6 +366,8 @@ def _supervise(run, server, echo, show):
         except BaseException:  # Ctrl+C, the notebook's stop button, the limit: do not leave processes behind
             _stop(ctx.processes)
             raise
+        finally:
+            _end_all(started.values())
         echoer.poll()
         if not server.check([RESULT]):
             raise WorkerFailed(tr("Rank 0 finished without a result; end of its log:\n",

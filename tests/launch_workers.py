@@ -123,3 +123,23 @@ def runs_forever_without_collectives(folder=None):
         Path(folder, f"rank{dist.get_rank()}.pid").write_text(str(os.getpid()))
     while True:
         time.sleep(0.1)
+
+
+def starts_children(folder, fail=False):
+    """Each rank starts a child in a session of its own and a daemon (double fork) that outlives that child, writes
+    their pids, then returns (or rank 1 raises): neither may outlive the run."""
+    import subprocess
+    import sys
+
+    rank = dist.get_rank()
+    child = subprocess.Popen(["sleep", "600"], start_new_session=True)
+    daemon = subprocess.Popen([sys.executable, "-c", "import os, subprocess, sys; "
+                               "p = subprocess.Popen(['sleep', '600'], start_new_session=True, "
+                               "stdout=subprocess.DEVNULL); print(p.pid)"],
+                              stdout=subprocess.PIPE, text=True)
+    orphan = int(daemon.communicate()[0])  # its parent has exited: the sleeper is an orphan now
+    Path(folder, f"children{rank}.pid").write_text(f"{child.pid} {orphan}")
+    dist.barrier()
+    if fail and rank == 1:
+        raise RuntimeError("rank 1 fails after starting its children")
+    return "done"

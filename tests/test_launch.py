@@ -19,7 +19,8 @@ import pytest
 import torch
 
 from launch_workers import (course_error, echo_arguments, exits_early, failing, killed_mid_run, listening_addresses,
-                            rank_sum, returns_unpicklable, runs_forever_without_collectives, skips_collective)
+                            rank_sum, returns_unpicklable, runs_forever_without_collectives, skips_collective,
+                            starts_children)
 from mparlib import launch, rendezvous
 from mparlib.errors import ConfigError, LaunchError, WorkerFailed
 
@@ -265,6 +266,17 @@ def test_no_rank_outlives_a_stopped_then_killed_launcher(tmp_path, child_env):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_processes_started_by_the_ranks_end_with_the_run(tmp_path, fail):
+    if fail:
+        with pytest.raises(WorkerFailed, match="rank 1 failed with RuntimeError"):
+            launch.launch(starts_children, 2, args=(str(tmp_path), True), echo=False, limit=300)
+    else:
+        assert launch.launch(starts_children, 2, args=(str(tmp_path),), echo=False, limit=300) == "done"
+    pids = [int(p) for f in sorted(tmp_path.glob("children*.pid")) for p in f.read_text().split()]
+    assert len(pids) == 4 and _gone_within(pids), f"processes {pids} started by the ranks outlived the run"
 
 
 def test_an_interrupted_launch_stops_every_rank_itself(tmp_path, child_env):
