@@ -185,7 +185,11 @@ def _pickled_result(result):
 
 
 def _check_picklable(fn, args, kwargs):
-    """Each new process receives ``fn`` and its arguments by pickle: name the one that cannot travel, and why."""
+    """Each new process receives ``fn`` and its arguments by pickle: name the one that cannot travel, and why.
+
+    Called when starting the processes failed; plain pickle stands in for the spawn pickler here. What only a
+    process start may carry (a ``multiprocessing`` queue: plain pickle raises ``RuntimeError``) is never blamed.
+    """
     name = getattr(fn, "__qualname__", repr(fn))
     try:
         pickle.Pickler(_Discard()).dump(fn)
@@ -201,7 +205,7 @@ def _check_picklable(fn, args, kwargs):
     for where, value in named:
         try:
             pickle.Pickler(_Discard()).dump(value)
-        except Exception as e:  # noqa: BLE001
+        except (pickle.PicklingError, AttributeError, TypeError) as e:
             raise ConfigError(tr(
                 f"launch: {where} (a {type(value).__name__}) cannot be sent to the new processes: {e}. Arguments "
                 "travel by pickle: pass plain data (tensors, numbers, strings, lists and dicts of them) or functions "
@@ -298,7 +302,6 @@ def launch(fn, nproc, args=(), kwargs=None, *, backend="auto", port=None, host="
                              "and its keyword arguments as a dict, e.g. args=(x, y), kwargs={'lr': 0.1}.",
                              f"args={args!r}, kwargs={kwargs!r}: ワーカーの位置引数はタプルで、キーワード引数は dict で"
                              "渡してください（例: args=(x, y), kwargs={'lr': 0.1}）。"))
-    _check_picklable(fn, args, kwargs or {})
     backend, timeout = choose_backend(backend, nproc), seconds(timeout, "timeout", "launch")
     limit = seconds(limit, "limit", "launch")
     if threads is not None:
@@ -349,7 +352,11 @@ def _supervise(run, server, echo, show):
     level = spawn_log.level
     spawn_log.setLevel(logging.ERROR)  # torch's "Terminating process ..." (in English): our error says so
     try:
-        ctx = mp.start_processes(_entry, args=(run,), nprocs=run.nproc, join=False, start_method="spawn")
+        try:
+            ctx = mp.start_processes(_entry, args=(run,), nprocs=run.nproc, join=False, start_method="spawn")
+        except (pickle.PicklingError, AttributeError, TypeError):  # the call cannot travel: name what and why
+            _check_picklable(run.call.func, run.call.args, run.call.keywords)
+            raise
         end = None if run.limit is None else time.monotonic() + run.limit
         started = {}  # processes the ranks started (seen while the ranks live), ended with the run
         try:

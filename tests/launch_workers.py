@@ -143,3 +143,9 @@ def starts_children(folder, fail=False):
     if fail and rank == 1:
         raise RuntimeError("rank 1 fails after starting its children")
     return "done"
+
+
+def puts_rank(queue):
+    """Put this rank into a ``multiprocessing`` queue that the launcher passed in (spawn carries queues)."""
+    queue.put(dist.get_rank())
+    return dist.get_rank()

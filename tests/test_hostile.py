@@ -188,3 +188,14 @@ def test_an_unknown_language_never_hides_the_error_being_reported(monkeypatch):
     with pytest.warns(UserWarning, match=r"MPARLIB_LANG='fr' is not a course language.*shown in English"):
         with pytest.raises(ConfigError, match=r"^train: lr=nan: use a positive, finite number"):
             finite_float(float("nan"), "lr", 0.1, "train")
+
+
+def test_a_multiprocessing_queue_still_reaches_the_ranks():
+    import multiprocessing
+
+    from launch_workers import puts_rank
+    from mparlib.launch import launch
+
+    queue = multiprocessing.get_context("spawn").Queue()
+    assert launch(puts_rank, 2, args=(queue,), echo=False, limit=300) == 0
+    assert sorted(queue.get(timeout=60) for _ in range(2)) == [0, 1]
