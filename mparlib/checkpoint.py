@@ -20,6 +20,7 @@ import dataclasses
 import io
 import pickle
 import re
+import stat
 import sys
 import warnings
 import zipfile
@@ -170,6 +171,24 @@ def _is_course_checkpoint(path):
     return isinstance(payload, dict) and str(payload.get("format", "")).startswith(_FAMILY)
 
 
+def _refuse_special(path, what):
+    """Refuse a path that exists as something other than a regular file (a FIFO would block, a device is no file)."""
+    try:
+        mode = path.stat().st_mode
+    except OSError:  # absent (or a dangling link): nothing to refuse
+        return
+    if not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
+        kind = "a FIFO (named pipe)" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else \
+            "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a special file"
+        kind_ja = {"a FIFO (named pipe)": "FIFO（名前付きパイプ）", "a socket": "ソケット", "a device": "デバイス"}.get(
+            kind, "特殊なファイル")
+        raise CheckpointError(tr(f"{what}: {path} is {kind}, not a regular file; a checkpoint is never written into "
+                                 "or read from one (it could block forever). Give the name of an ordinary file.",
+                                 f"{what}: {path} は通常のファイルではなく{kind_ja}です。チェックポイントをそこへ書いたり"
+                                 "そこから読んだりはしません（永遠に待ち続けることがあります）。ふつうのファイルの名前を"
+                                 "指定してください。"))
+
+
 def save_checkpoint(model, path, /, *, overwrite=False, **extra):
     """Save a plain or wrapped model (plus ``extra`` values such as ``epoch=3``) atomically. Explained in 02_wrapped_attributes.
 
@@ -191,6 +210,7 @@ def save_checkpoint(model, path, /, *, overwrite=False, **extra):
         raise CheckpointError(tr(f"save_checkpoint: {path} is a folder; give a file name such as {path / 'model.pt'}.",
                                  f"save_checkpoint: {path} はフォルダです。{path / 'model.pt'} のようにファイル名を"
                                  "指定してください。"))
+    _refuse_special(path, "save_checkpoint")
     if (path.exists() or path.is_symlink()) and not overwrite and not _is_course_checkpoint(path):
         raise CheckpointError(tr(
             f"save_checkpoint: {path} exists and is not a checkpoint written by save_checkpoint; it was left "
@@ -322,6 +342,7 @@ def _checkpoint_file(path):
                                  f"load_checkpoint: {path} はフォルダです{hint_ja}。"
                                  f"{path / (inside[0] if inside else 'checkpoint.pt')} のように、中のチェックポイント"
                                  "ファイルを指定してください。"))
+    _refuse_special(path, "load_checkpoint")
     if not path.is_file():
         where = "" if path.parent.is_dir() else tr(f" (the folder {path.parent} does not exist either)",
                                                   f"（フォルダ {path.parent} もありません）")

@@ -74,7 +74,7 @@ class PipelineModel(nn.Module):
     """A network cut into stages, one per device, run micro-batch by micro-batch. Explained in 04_hybrid_cpu_gpu.
 
     ``stages[i]`` is moved to ``devices[i]``. ``forward`` splits the batch (dimension 0) into ``micro_batches``
-    chunks and follows :func:`pipeline_schedule`; each activation is copied to the next stage's device right
+    chunks whose sizes differ by at most one (one row each when the batch has fewer rows) and follows :func:`pipeline_schedule`; each activation is copied to the next stage's device right
     before that stage needs it. On GPUs a call only queues work, so stage 0 can compute micro-batch ``t + 1``
     while stage 1 computes micro-batch ``t``; with ``micro_batches=1`` it is plain model parallelism, one
     device busy at a time. Devices may repeat (``["cpu", "cpu"]``) to run the same code on one device.
@@ -143,7 +143,9 @@ class PipelineModel(nn.Module):
         if len(x) == 0:
             raise ConfigError(tr("PipelineModel got an empty batch; pass at least one sample.",
                                  "PipelineModel に空のバッチが渡されました。少なくとも 1つのサンプルを渡してください。"))
-        chunks = x.split(-(-len(x) // self.micro_batches))  # micro-batches of (almost) equal size
+        # Exactly micro_batches chunks whose sizes differ by at most one (5 rows in 4: 2, 1, 1, 1); a batch with
+        # fewer rows than that runs one row per micro-batch.
+        chunks = torch.tensor_split(x, min(self.micro_batches, len(x)))
         acts = list(chunks)  # acts[i]: micro-batch i's latest activation, wherever it lives
         for _tick, s, i in pipeline_schedule(len(self.stages), len(chunks)):
             acts[i] = self.stages[s](acts[i].to(self.devices[s]))  # copy to stage s's device, then compute

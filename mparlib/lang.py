@@ -4,6 +4,7 @@ Code cells are identical in `notebooks/en` and `notebooks/ja`; only what they *s
 class names, messages) follows the edition.
 """
 import os
+import warnings
 from pathlib import Path
 
 from .errors import ConfigError
@@ -29,5 +30,14 @@ def language():
 
 
 def tr(en, ja):
-    """Pick the string for the current language: ``tr("Epoch", "エポック")``. Explained in 00_setup."""
-    return ja if language() == "ja" else en
+    """Pick the string for the current language: ``tr("Epoch", "エポック")``. Explained in 00_setup.
+
+    With a broken ``$MPARLIB_LANG`` the message is given in English, with a warning that says so: the message
+    being built (often an error of its own) is never hidden behind the language setting's error.
+    """
+    try:
+        return ja if language() == "ja" else en
+    except ConfigError as e:
+        warnings.warn(f"{e} Messages are shown in English until it is fixed. / 修正するまでメッセージは英語で表示します。",
+                      stacklevel=2)
+        return en

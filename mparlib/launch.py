@@ -6,18 +6,28 @@ starts the processes, waits for them and stops them all at the first failure, an
 writes its own worker module with the ``%%worker`` cell magic (:mod:`mparlib.workers`). Explained in 06_ddp.
 """
 import ctypes
+import errno
 import functools
 import logging
 import os
 import pickle
 import signal
+import socket
+import stat
 import sys
 import tempfile
+import time
 import traceback
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
+try:
+    import resource
+except ImportError:  # Windows
+    resource = None
+
+import psutil
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -30,7 +40,8 @@ from .progress import in_kernel
 from .rendezvous import check_port, choose_backend, process_group
 from .workers import register_magic
 
-RESULT, FAILURES = "mparlib/result", "mparlib/failures"  # keys in the launcher's store; a rank's error: mparlib/error{r}
+# Keys in the launcher's store; a rank's error: mparlib/error{r}; a rank whose function returned: mparlib/done{r}.
+RESULT, FAILURES, DONE = "mparlib/result", "mparlib/failures", "mparlib/done"
 
 
 @dataclass(frozen=True)
@@ -45,6 +56,8 @@ class _Run:
     timeout: float | None  # seconds a collective may wait
     logs: tuple  # the log file of each rank
     parent: int  # the launcher's pid
+    interface: str | None  # the network interface holding ``host``, for gloo's connections between the ranks
+    limit: float | None  # seconds the whole run may take
 
 
 def _check_importable(fn):
@@ -69,43 +82,205 @@ def _check_importable(fn):
         "インポートしたものを launch に渡してください。スクリプトでは、ワーカーを専用のモジュールに書きます。"))
 
 
+def _listening_store(host, port, nproc):
+    """The rendezvous server, listening on ``host`` alone (TCPStore by itself would listen on every interface).
+
+    The socket is bound and listening before TCPStore takes it over (``master_listen_fd``, libuv backend), so
+    another machine cannot reach a store started for one machine.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    _check_files()
+    try:
+        sock = socket.socket(family, socket.SOCK_STREAM)
+    except OSError as e:
+        if e.errno in (errno.EMFILE, errno.ENFILE):
+            raise _too_few_files(e.strerror) from None
+        raise
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(128)
+        chosen = sock.getsockname()[1]
+    except BaseException:
+        sock.close()
+        raise
+    fd = sock.detach()  # from here on the store owns the socket and closes it
+    return dist.TCPStore(host, chosen, nproc, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=120),
+                         master_listen_fd=fd, use_libuv=True)
+
+
+FILES_NEEDED = 64  # open files (sockets, pipes, logs) the launcher and each rank may need at once, with room to spare
+
+
+def _too_few_files(why):
+    return LaunchError(tr(
+        f"Too few open files are allowed to start the processes ({why}): the launcher and every rank need several "
+        "sockets, pipes and log files. Close what holds them (a loop that opens files without closing them), "
+        "restart the kernel, or raise the limit (`ulimit -n 4096` in the shell that starts Jupyter or Python).",
+        f"プロセスを起動するのに、同時に開けるファイルの数が足りません（{why}）。ランチャーと各ランクは、ソケット、"
+        "パイプ、ログファイルをいくつも必要とします。ファイルを開いたままにしているもの（閉じずに開き続けるループなど）"
+        "を閉じるか、カーネルを再起動するか、上限を上げてください（Jupyter や Python を起動するシェルで "
+        "`ulimit -n 4096`）。"))
+
+
+def _check_files():
+    """Refuse to start when the open-file limit leaves too little room: the ranks would fail with unclear errors."""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0] if resource else -1
+    if soft < 0:  # unlimited, or not known here
+        return
+    used = psutil.Process().num_fds() if hasattr(psutil.Process, "num_fds") else 0
+    if soft - used < FILES_NEEDED:
+        raise _too_few_files(tr(f"limit {soft}, {used} open already", f"上限 {soft}、すでに {used}個が開いています"))
+
+
+def _check_logs(paths):
+    """Refuse log files that would send a rank's output somewhere else: links, special files, other users' files."""
+    for path in paths:
+        try:
+            info = os.lstat(path)
+        except FileNotFoundError:
+            continue
+        if stat.S_ISLNK(info.st_mode) or not stat.S_ISREG(info.st_mode) or info.st_nlink > 1 \
+                or info.st_uid != os.geteuid():
+            raise LaunchError(tr(
+                f"{path} is not a log file of this launcher (a link, a special file, a file with several names, or "
+                "another user's file): the ranks' output would be appended to whatever it points at. It was left as "
+                "it is; remove it, or choose another log_dir.",
+                f"{path} はこのランチャーのログファイルではありません（リンク、特殊なファイル、複数の名前を持つファイル、"
+                "または別のユーザーのファイル）。ランクの出力がその指す先に追記されてしまいます。そのままにしてあるので、"
+                "削除するか、別の log_dir を指定してください。"))
+
+
+def _interface(host):
+    """The name of the network interface holding the address ``host`` (for gloo's own connections), or None."""
+    try:
+        wanted = {info[4][0] for info in socket.getaddrinfo(host, None)}
+    except OSError:
+        return None
+    for name, addresses in psutil.net_if_addrs().items():
+        if any(a.address.split("%")[0] in wanted for a in addresses):
+            return name
+    return None
+
+
+class _Discard:
+    """A file that forgets what is written to it: pickling into it only checks that pickling works."""
+
+    def write(self, data):
+        return len(data)
+
+
+def _pickled_result(result):
+    """Rank 0's result as bytes for the store, or a course error saying why it cannot travel back."""
+    try:
+        return pickle.dumps(result)
+    except Exception as e:  # noqa: BLE001 - pickle fails in many ways (PicklingError, TypeError, AttributeError...)
+        raise LaunchError(tr(
+            f"Rank 0's return value (a {type(result).__name__}) cannot be sent back to the launcher: {e}. A result "
+            "travels by pickle, so return plain data: tensors, numbers, strings, and lists, tuples and dicts of "
+            "them (not lambdas, local functions, open files, locks or generators).",
+            f"ランク 0 の戻り値（{type(result).__name__}）をランチャーに送り返せません: {e}。結果は pickle で運ぶ"
+            "ので、テンソル、数値、文字列と、それらのリスト、タプル、dict のような素のデータを返してください（lambda、"
+            "ローカル関数、開いたファイル、ロック、ジェネレーターは運べません）。")) from None
+
+
+def _check_picklable(fn, args, kwargs):
+    """Each new process receives ``fn`` and its arguments by pickle: name the one that cannot travel, and why.
+
+    Called when starting the processes failed; plain pickle stands in for the spawn pickler here. What only a
+    process start may carry (a ``multiprocessing`` queue: plain pickle raises ``RuntimeError``) is never blamed.
+    """
+    name = getattr(fn, "__qualname__", repr(fn))
+    try:
+        pickle.Pickler(_Discard()).dump(fn)
+    except Exception as e:  # noqa: BLE001
+        module = getattr(fn, "__module__", "my_workers")
+        raise LaunchError(tr(
+            f"The worker {name!r} cannot be sent to the new processes ({e}). If its %%worker cell was run again "
+            f"after you imported it, import it again (from {module} import {name}) and launch the new version.",
+            f"ワーカー関数 {name!r} を新しいプロセスに送れません（{e}）。インポートした後にその %%worker セルを"
+            f"もう一度実行したなら、もう一度インポートして（from {module} import {name}）新しい版を launch に渡して"
+            "ください。")) from None
+    named = [(f"args[{i}]", a) for i, a in enumerate(args)] + [(f"kwargs[{k!r}]", v) for k, v in kwargs.items()]
+    for where, value in named:
+        try:
+            pickle.Pickler(_Discard()).dump(value)
+        except (pickle.PicklingError, AttributeError, TypeError) as e:
+            raise ConfigError(tr(
+                f"launch: {where} (a {type(value).__name__}) cannot be sent to the new processes: {e}. Arguments "
+                "travel by pickle: pass plain data (tensors, numbers, strings, lists and dicts of them) or functions "
+                "defined at the top of a module (a %%worker cell), not lambdas, local functions or open files.",
+                f"launch: {where}（{type(value).__name__}）を新しいプロセスに送れません: {e}。引数は pickle で運ぶので、"
+                "素のデータ（テンソル、数値、文字列と、それらのリストや dict）か、モジュールの最上位で定義した関数"
+                "（%%worker セル）を渡してください。lambda、ローカル関数、開いたファイルは運べません。")) from None
+
+
+def _descendants(pids):
+    """``{pid: psutil.Process}`` of every living descendant of the processes ``pids``."""
+    found = {}
+    for pid in pids:
+        try:
+            found.update((c.pid, c) for c in psutil.Process(pid).children(recursive=True))
+        except psutil.Error:  # ended meanwhile
+            pass
+    return found
+
+
+def _end_all(processes):
+    """Kill ``processes`` (psutil handles: a pid reused since is never touched) and wait for them briefly."""
+    alive = []
+    for proc in processes:
+        try:
+            proc.kill()
+            alive.append(proc)
+        except psutil.Error:
+            pass
+    psutil.wait_procs(alive, timeout=5)
+
+
 def _entry(rank, run):
     """Body of each spawned process: tie it to the launcher, log to a file, join the group, make ``run.call``."""
     code = 1
     try:
         if sys.platform == "linux":  # the kernel sends SIGKILL to this process the moment the launcher dies
             ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG (torch sets SIGINT, which may go unheard)
+            ctypes.CDLL(None).prctl(36, 1)  # PR_SET_CHILD_SUBREAPER: the rank's orphaned descendants stay its own
         if os.getppid() != run.parent:  # the launcher died before that took effect
             os._exit(1)
-        log = open(run.logs[rank], "a", buffering=1, encoding="utf-8")
+        fd = os.open(run.logs[rank], os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
+        log = open(fd, "a", buffering=1, encoding="utf-8")
         os.dup2(log.fileno(), 1)  # the process's prints (and C++ warnings) go to its log, not to the notebook
         os.dup2(log.fileno(), 2)
         sys.stdout = sys.stderr = log
         torch.set_num_threads(run.threads)
         os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(run.nproc), MASTER_ADDR=run.host,
                           LOCAL_WORLD_SIZE=str(run.nproc), MASTER_PORT=str(run.port), OMP_NUM_THREADS=str(run.threads))
+        if run.interface and "GLOO_SOCKET_IFNAME" not in os.environ:  # gloo listens there too, not on every interface
+            os.environ["GLOO_SOCKET_IFNAME"] = run.interface
         # The launcher hosts the rendezvous server; every rank is a client, as under torchrun's agent.
         store = dist.TCPStore(run.host, run.port, run.nproc, is_master=False, timeout=timedelta(seconds=120))
         with process_group(run.backend, timeout=run.timeout, store=store):
             try:
                 result = run.call()
                 if rank == 0:
-                    store.set(RESULT, pickle.dumps(result))
+                    store.set(RESULT, _pickled_result(result))
+                store.set(f"{DONE}{rank}", b"1")
             except BaseException as e:  # recorded before leaving the group wakes the others with errors of their own
                 course = e if isinstance(e, MparlibError) and not isinstance(e, WorkerFailed) else None
-                store.set(f"mparlib/error{rank}", pickle.dumps((store.add(FAILURES, 1), f"{type(e).__name__}: {e}",
-                                                                course)))
+                summary = f"sys.exit({e.code!r})" if isinstance(e, SystemExit) else f"{type(e).__name__}: {e}"
+                store.set(f"mparlib/error{rank}", pickle.dumps((store.add(FAILURES, 1), summary, course)))
                 raise
         code = 0
     except BaseException as e:
         print(f"error: {e}" if isinstance(e, MparlibError) else traceback.format_exc(), flush=True)
     finally:  # the work is saved and the group left: skip the interpreter's teardown of torch's C++ threads (torch's
         sys.stdout.flush()  # wrapper then sees an exit code, never an exception: the rank's record is in the store)
+        _end_all(_descendants([os.getpid()]).values())  # processes the worker started end with it
         os._exit(code)
 
 
 def launch(fn, nproc, args=(), kwargs=None, *, backend="auto", port=None, host="127.0.0.1", threads=None,
-           log_dir=None, echo=True, show=None, timeout=None):
+           log_dir=None, echo=True, show=None, timeout=None, limit=None):
     """Run ``fn(*args, **kwargs)`` in ``nproc`` new local processes and return rank 0's result. Explained in 06_ddp.
 
     Each process is started fresh (``spawn``), gets the variables torchrun would set (``RANK``, ``WORLD_SIZE``,
@@ -115,7 +290,8 @@ def launch(fn, nproc, args=(), kwargs=None, *, backend="auto", port=None, host="
     each rank appends to ``log_dir/rank{r}.log`` (a temporary folder by default). ``show`` names a PNG that rank 0
     rewrites (an :class:`~mparlib.plot.Animator` file): in Jupyter it is shown and updated in the cell. ``port=None``
     (or 0) lets the system choose the rendezvous port. ``threads`` per process defaults to the CPU cores shared out.
-    ``timeout`` (seconds) bounds how long a collective waits. If a process fails, all are stopped; an error raised by
+    ``timeout`` (seconds) bounds how long one collective waits for the other ranks; ``limit`` (seconds) bounds the
+    whole run, which is stopped (every rank) when it takes longer. If a process fails, all are stopped; an error raised by
     the course in a worker comes back as the same class and message, anything else as :class:`WorkerFailed` naming
     the rank and showing the end of its log. The processes never outlive this call, nor the process that made it.
     """
@@ -127,6 +303,9 @@ def launch(fn, nproc, args=(), kwargs=None, *, backend="auto", port=None, host="
                              f"args={args!r}, kwargs={kwargs!r}: ワーカーの位置引数はタプルで、キーワード引数は dict で"
                              "渡してください（例: args=(x, y), kwargs={'lr': 0.1}）。"))
     backend, timeout = choose_backend(backend, nproc), seconds(timeout, "timeout", "launch")
+    limit = seconds(limit, "limit", "launch")
+    if threads is not None:
+        threads = positive_int(threads, "threads", 1, "launch")
     cores = os.cpu_count() or 1
     most = max(8, 4 * cores)
     if backend == "gloo" and nproc > most:
@@ -140,24 +319,32 @@ def launch(fn, nproc, args=(), kwargs=None, *, backend="auto", port=None, host="
     if port not in (None, 0):
         check_port(port, host)
     # The server lives here, so no rank has to win a race for the port.
-    server = dist.TCPStore(host, port or 0, nproc, is_master=True, wait_for_workers=False,
-                           timeout=timedelta(seconds=120))
+    server = _listening_store(host, port or 0, nproc)
     try:
         with tempfile.TemporaryDirectory(prefix="mparlib-launch-") as tmp:
             logs = Path(tmp if log_dir is None else log_dir)
             logs.mkdir(parents=True, exist_ok=True)
+            _check_logs([logs / f"rank{r}.log" for r in range(nproc)])
             run = _Run(functools.partial(fn, *args, **(kwargs or {})), nproc, host, server.port, backend,
                        threads or (1 if backend == "nccl" else max(1, cores // nproc)), timeout,
-                       tuple(str(logs / f"rank{r}.log") for r in range(nproc)), os.getpid())
+                       tuple(str(logs / f"rank{r}.log") for r in range(nproc)), os.getpid(), _interface(host), limit)
             return _supervise(run, server, echo, show)
     finally:
         del server  # the frames of an exception must not keep the port open
 
 
+def _stop(processes):
+    """End every rank at once and reap it."""
+    for p in processes:
+        p.kill()
+        p.join()
+
+
 def _supervise(run, server, echo, show):
     """Start the ranks, echo rank 0's log while torch's ``join`` waits for them, and return rank 0's result.
 
-    At the first failure ``join`` gives the other ranks 2 s to end by themselves, then stops them.
+    At the first failure ``join`` gives the other ranks 2 s to end by themselves, then stops them. A run that goes
+    past ``run.limit`` seconds is stopped at once.
     """
     offsets = [os.path.getsize(p) if os.path.exists(p) else 0 for p in run.logs]  # logs are appended to, never erased
     echoer = _LogEcho(run.logs[0] if echo else None, offsets[0], show)
@@ -165,18 +352,29 @@ def _supervise(run, server, echo, show):
     level = spawn_log.level
     spawn_log.setLevel(logging.ERROR)  # torch's "Terminating process ..." (in English): our error says so
     try:
-        ctx = mp.start_processes(_entry, args=(run,), nprocs=run.nproc, join=False, start_method="spawn")
+        try:
+            ctx = mp.start_processes(_entry, args=(run,), nprocs=run.nproc, join=False, start_method="spawn")
+        except (pickle.PicklingError, AttributeError, TypeError):  # the call cannot travel: name what and why
+            _check_picklable(run.call.func, run.call.args, run.call.keywords)
+            raise
+        end = None if run.limit is None else time.monotonic() + run.limit
+        started = {}  # processes the ranks started (seen while the ranks live), ended with the run
         try:
             while not ctx.join(timeout=0.2, grace_period=2.0):
                 echoer.poll()
+                started.update(_descendants([p.pid for p in ctx.processes if p.is_alive()]))
+                if end is not None and time.monotonic() > end:
+                    _stop(ctx.processes)
+                    echoer.poll()
+                    raise _over_limit(run, offsets)
         except ProcessException as e:
             echoer.poll()
             raise _failure(ctx.processes, e.error_index, server, run, offsets) from None
-        except BaseException:  # Ctrl+C or the notebook's stop button: do not leave processes behind
-            for p in ctx.processes:
-                p.kill()
-                p.join()
+        except BaseException:  # Ctrl+C, the notebook's stop button, the limit: do not leave processes behind
+            _stop(ctx.processes)
             raise
+        finally:
+            _end_all(started.values())
         echoer.poll()
         if not server.check([RESULT]):
             raise WorkerFailed(tr("Rank 0 finished without a result; end of its log:\n",
@@ -187,27 +385,53 @@ def _supervise(run, server, echo, show):
         del server  # the frames of an exception must not keep the port open
 
 
+def _over_limit(run, offsets):
+    how = tr(f"the run took longer than limit={run.limit:g} s", f"実行が limit={run.limit:g}秒を超えました")
+    return WorkerFailed(tr(
+        f"{how}, so every rank was stopped. (limit bounds the whole run; timeout bounds how long one collective "
+        "waits.) Give a larger limit, or look for a rank that never finishes. End of rank 0's log:\n",
+        f"{how}。そのため、すべてのランクを停止しました（limit は実行全体の、timeout は 1回の集団通信が待つ時間の"
+        "上限です）。limit を大きくするか、終わらないランクを探してください。ランク 0 のログの末尾:\n")
+        + _tail(run.logs[0], offsets[0]), cause=how)
+
+
 def _failure(processes, seen, server, run, offsets):
     """The error for a failed run: the course error that the rank that failed first raised, as it is; else
     :class:`WorkerFailed` naming that rank, how it failed, and the end of its log. ``seen``: the rank torch saw fail."""
     records = {r: pickle.loads(server.get(f"mparlib/error{r}"))  # (order, "Type: message", course error or None)
                for r in range(run.nproc) if server.check([f"mparlib/error{r}"])}
     codes = [p.exitcode for p in processes]
-    # A rank that ended without a record was killed at once (a signal, os._exit): nothing can have failed before it.
-    # SIGTERM is how torch stopped the others.
-    silent = [r for r, code in enumerate(codes) if code not in (0, -signal.SIGTERM) and r not in records]
+    # A rank that ended without a record and before its function returned was ended at once (a signal, os._exit,
+    # even with code 0): nothing can have failed before it. SIGTERM is how torch stopped the others.
+    silent = [r for r, code in enumerate(codes) if code is not None and code != -signal.SIGTERM
+              and r not in records and not server.check([f"{DONE}{r}"])]
     first = silent[0] if silent else min(records, key=lambda r: records[r][0], default=seen)
     _, summary, course = records.get(first, (None, None, None))
     if course is not None:  # a clear message from the course: give it as it is
         return course
-    code = codes[first]
-    how = tr(f"rank {first} failed with {summary}", f"ランク {first} で {summary} が発生しました") if summary else \
-        tr(f"rank {first} exited with code {code}", f"ランク {first} が終了コード {code} で終了しました") if code > 0 else \
-        tr(f"rank {first} was killed by signal {signal.Signals(-code).name}",
-           f"ランク {first} がシグナル {signal.Signals(-code).name} で強制終了されました")
-    return WorkerFailed(tr(f"{how}; the other processes were stopped. End of rank {first}'s log:\n",
-                           f"{how}。他のプロセスは停止しました。ランク {first} のログの末尾:\n")
-                        + _tail(run.logs[first], offsets[first]), rank=first, cause=how)
+    return WorkerFailed(tr(f"{_how(first, summary, codes[first])}; the other processes were stopped. End of rank "
+                           f"{first}'s log:\n",
+                           f"{_how(first, summary, codes[first])}。他のプロセスは停止しました。ランク {first} のログの"
+                           "末尾:\n")
+                        + _tail(run.logs[first], offsets[first]), rank=first, cause=_how(first, summary, codes[first]))
+
+
+def _how(rank, summary, code):
+    """One line saying how ``rank`` ended: its error, its ``sys.exit``, its exit code or the signal that killed it."""
+    early = tr("before its function returned: a worker ends by returning its result (or raising an error), never by "
+               "ending its process", "関数が戻る前です。ワーカーは結果を返す（またはエラーを送出する）ことで終わり、"
+               "プロセスを終了させてはいけません")
+    if summary and summary.startswith("sys.exit("):
+        return tr(f"rank {rank} called {summary} {early}", f"ランク {rank} が {summary} を呼びました。{early}")
+    if summary:
+        return tr(f"rank {rank} failed with {summary}", f"ランク {rank} で {summary} が発生しました")
+    if code == 0:
+        return tr(f"rank {rank} ended with exit code 0 {early} (os._exit?)",
+                  f"ランク {rank} が終了コード 0 で終了しました。{early}（os._exit？）")
+    if code is not None and code > 0:
+        return tr(f"rank {rank} exited with code {code}", f"ランク {rank} が終了コード {code} で終了しました")
+    name = signal.Signals(-code).name if code is not None else "?"
+    return tr(f"rank {rank} was killed by signal {name}", f"ランク {rank} がシグナル {name} で強制終了されました")
 
 
 def _tail(path, offset=0, lines=25):

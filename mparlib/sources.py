@@ -73,6 +73,26 @@ def _corrupt(path, problem, problem_ja, own_data_hint=False):
 _PARSED = {}  # (path, size, mtime) -> (tensor, sha256): loading twice in a notebook reads and checks each file once
 
 
+MAX_IDX_BYTES = 1 << 30  # the largest decompressed IDX file read (Fashion-MNIST's largest is 47 MB)
+
+
+def _inflate(path, ndim):
+    """Decompress a .gz IDX file, but never past the size its own header announces (plus one byte, to tell that
+    there is more): a small file that would inflate to gigabytes is refused after reading what the data can be."""
+    header = 4 + 4 * ndim
+    with gzip.open(path, "rb") as f:
+        head = f.read(header)
+        if len(head) < header or int.from_bytes(head[:4], "big") != 0x0800 + ndim:
+            return head  # not an IDX header: the caller names the problem
+        size = header + math.prod(int.from_bytes(head[4 + 4 * i:8 + 4 * i], "big") for i in range(ndim))
+        if size > MAX_IDX_BYTES:
+            raise _corrupt(path, f"announces {size} bytes of data in its header, more than the {MAX_IDX_BYTES} bytes "
+                                 "an IDX file of this course may hold; it was not decompressed",
+                           f"のヘッダは {size} バイトのデータを示していますが、このコースの IDX ファイルの上限 "
+                           f"{MAX_IDX_BYTES} バイトを超えているので、展開していません")
+        return head + f.read(size - header + 1)
+
+
 def _read_idx(path, ndim):
     """Read an IDX file of unsigned bytes (plain or .gz) found by :func:`_inventory` as a uint8 tensor; also return
     the sha256 of its content.
@@ -89,8 +109,7 @@ def _read_idx(path, ndim):
         tensor, sha = _PARSED[key]
         return tensor.clone(), sha
     try:
-        raw = path.read_bytes()
-        raw = gzip.decompress(raw) if path.suffix == ".gz" else raw
+        raw = _inflate(path, ndim) if path.suffix == ".gz" else path.read_bytes()
     except (OSError, EOFError, zlib.error) as e:
         raise _corrupt(path, f"cannot be read or decompressed ({e})", f"を読めないか、展開できません（{e}）") from None
     magic = 0x0800 + ndim  # two zero bytes, type 0x08 (unsigned byte), number of dimensions
@@ -106,6 +125,13 @@ def _read_idx(path, ndim):
                        f"は途中で切れています。{len(raw)} バイトしかなく、IDX のヘッダの途中で終わっています")
     dims = [int.from_bytes(raw[4 + 4 * i:8 + 4 * i], "big") for i in range(ndim)]
     size = header + math.prod(dims)
+    if len(raw) > size and path.suffix == ".gz":  # _inflate stopped one byte past what the header announces
+        raise _corrupt(path, f"has extra bytes at the end: its header announces shape {tuple(dims)}, i.e. {size} "
+                             "bytes, but it decompresses to more; decompression was stopped there (a file that "
+                             "inflates beyond its own header, such as a zip bomb, is never read in full)",
+                       f"の末尾に余分なバイトがあります。ヘッダが示す形は {tuple(dims)}（{size} バイト）ですが、展開すると"
+                       "それより大きくなるので、そこで展開を止めました（ヘッダを超えて膨らむファイル、例えば zip 爆弾は、"
+                       "最後まで読みません）")
     if len(raw) != size:
         what = ("is truncated", "は途中で切れています") if len(raw) < size else \
             ("has extra bytes at the end", "の末尾に余分なバイトがあります")

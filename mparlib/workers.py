@@ -12,6 +12,7 @@ import keyword
 import shutil
 import sys
 import tempfile
+import unicodedata
 from pathlib import Path
 
 from .errors import ConfigError
@@ -36,6 +37,14 @@ def write_worker(name, source):
         raise ConfigError(tr(f"%%worker {name!r}: give the module a Python name, e.g. %%worker my_workers.",
                              f"%%worker {name!r}: モジュールには %%worker my_workers のように Python の名前を付けて"
                              "ください。"))
+    ascii_name = unicodedata.normalize("NFKC", name)
+    if ascii_name != name:  # Python reads `import ｍｙ＿ｗｏｒｋｅｒｓ` as `import my_workers`: another module
+        raise ConfigError(tr(f"%%worker {name}: the name has full-width (zenkaku) characters, which Python reads as "
+                             f"{ascii_name!r} in an import, so the next cell would import another module. Type the "
+                             f"name in ASCII (hankaku): %%worker {ascii_name}",
+                             f"%%worker {name}: 名前に全角の文字があります。Python は import でこれを {ascii_name!r} と"
+                             "読むので、次のセルでは別のモジュールをインポートしてしまいます。名前は半角（ASCII）で入力"
+                             f"してください: %%worker {ascii_name}"))
     folder = worker_folder()
     path = folder / f"{name}.py"
     if not path.exists() and (name in sys.modules or importlib.util.find_spec(name) is not None):

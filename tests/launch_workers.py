@@ -77,4 +77,75 @@ def skips_collective(timeout_expected=True):
     if dist.get_rank() == 0:
         dist.all_reduce(torch.ones(1))
     else:
-        time.sleep(30)
+        time.sleep(600)  # far longer than any timeout the tests give
+
+
+def listening_addresses():
+    """Rank 0 returns the local addresses on which the launcher and every rank listen for connections."""
+    import psutil
+
+    pids = [None] * dist.get_world_size()
+    dist.all_gather_object(pids, os.getpid())
+    found = []
+    if dist.get_rank() == 0:
+        for pid in [os.getppid(), *pids]:
+            found += [(c.laddr.ip, c.laddr.port) for c in psutil.Process(pid).net_connections(kind="inet")
+                      if c.status == psutil.CONN_LISTEN]
+    dist.barrier()
+    return {"listening": found, "store_port": int(os.environ["MASTER_PORT"])}
+
+
+def exits_early(who=0, code=7, how="os"):
+    """Rank ``who`` ends its process in the middle of the run (``os._exit`` or ``sys.exit``); the others then wait in
+    a collective that can never complete."""
+    import sys
+
+    if dist.get_rank() == who:
+        print("leaving early", flush=True)
+        time.sleep(0.2)
+        if how == "os":
+            os._exit(code)
+        sys.exit(code)
+    dist.barrier()
+    dist.all_reduce(torch.ones(1))
+    return "finished"
+
+
+def returns_unpicklable():
+    """Every rank returns a value that pickle cannot carry (a lambda)."""
+    dist.barrier()
+    return {"scale": lambda x: 2 * x}
+
+
+def runs_forever_without_collectives(folder=None):
+    """Never returns and never calls a collective: only a wall-clock limit ends it."""
+    if folder is not None:
+        Path(folder, f"rank{dist.get_rank()}.pid").write_text(str(os.getpid()))
+    while True:
+        time.sleep(0.1)
+
+
+def starts_children(folder, fail=False):
+    """Each rank starts a child in a session of its own and a daemon (double fork) that outlives that child, writes
+    their pids, then returns (or rank 1 raises): neither may outlive the run."""
+    import subprocess
+    import sys
+
+    rank = dist.get_rank()
+    child = subprocess.Popen(["sleep", "600"], start_new_session=True)
+    daemon = subprocess.Popen([sys.executable, "-c", "import os, subprocess, sys; "
+                               "p = subprocess.Popen(['sleep', '600'], start_new_session=True, "
+                               "stdout=subprocess.DEVNULL); print(p.pid)"],
+                              stdout=subprocess.PIPE, text=True)
+    orphan = int(daemon.communicate()[0])  # its parent has exited: the sleeper is an orphan now
+    Path(folder, f"children{rank}.pid").write_text(f"{child.pid} {orphan}")
+    dist.barrier()
+    if fail and rank == 1:
+        raise RuntimeError("rank 1 fails after starting its children")
+    return "done"
+
+
+def puts_rank(queue):
+    """Put this rank into a ``multiprocessing`` queue that the launcher passed in (spawn carries queues)."""
+    queue.put(dist.get_rank())
+    return dist.get_rank()

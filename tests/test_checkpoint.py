@@ -334,3 +334,19 @@ def test_checkpoint_errors_speak_japanese_in_the_japanese_edition(tmp_path, monk
         load_checkpoint(net(), tmp_path / "notes.pt")
     with pytest.raises(CheckpointError, match=r"cfg の型は .*Custom です。.*weights_only=True"):
         save_checkpoint(net(), tmp_path / "c.pt", cfg=Custom())
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_a_fifo_is_refused_at_once_and_never_blocks(tmp_path, overwrite):
+    fifo = tmp_path / "model.pt"
+    os.mkfifo(fifo)
+    with pytest.raises(CheckpointError, match=r"is a FIFO \(named pipe\), not a regular file"):
+        save_checkpoint(nn.Linear(2, 2), fifo, overwrite=overwrite)
+    with pytest.raises(CheckpointError, match=r"is a FIFO \(named pipe\), not a regular file"):
+        load_checkpoint(nn.Linear(2, 2), fifo)
+    assert fifo.is_fifo()
+
+
+def test_a_device_is_refused(tmp_path):
+    with pytest.raises(CheckpointError, match="is a device, not a regular file"):
+        save_checkpoint(nn.Linear(2, 2), "/dev/null", overwrite=True)

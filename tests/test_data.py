@@ -140,6 +140,32 @@ def test_header_cut_and_extra_bytes(offline):
     check_error(offline / "d", path, "extra bytes at the end", verify=False)
 
 
+def test_a_gzip_bomb_is_refused_without_inflating_it(offline):
+    import tracemalloc
+
+    files = make_set(offline / "d", gz=True)
+    labels, path = files["train-labels-idx1-ubyte"]
+    with gzip.open(path, "wb", compresslevel=1) as f:  # a true header, then 200 MB of zeros (200 kB on disk)
+        f.write(idx_bytes(labels))
+        for _ in range(200):
+            f.write(bytes(1 << 20))
+    tracemalloc.start()
+    try:
+        message = check_error(offline / "d", path, "decompression was stopped there", verify=False)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert "zip bomb" in message and peak < 50 << 20  # far less than the 200 MB it would inflate to
+
+
+def test_a_header_announcing_gigabytes_is_refused_before_decompressing(offline):
+    files = make_set(offline / "d", gz=True)
+    path = files["train-images-idx3-ubyte"][1]
+    header = (0x0803).to_bytes(4, "big") + b"".join(d.to_bytes(4, "big") for d in (60000, 4096, 4096))
+    write(offline / "d" / "train-images-idx3-ubyte", header + bytes(1000), gz=True)
+    check_error(offline / "d", path, r"announces 1006632960016 bytes of data .* it was not decompressed", verify=False)
+
+
 def test_wrong_image_size(offline):
     files = make_set(offline / "d")
     path = write(offline / "d" / "train-images-idx3-ubyte", idx_bytes(torch.zeros(40, 32, 32, dtype=torch.uint8)))

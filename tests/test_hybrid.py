@@ -125,7 +125,19 @@ def test_pipeline_really_runs_micro_batches():
     for s, stage in enumerate(pipe.stages):
         stage.register_forward_hook(lambda m, inp, out, s=s: calls.append((s, inp[0].shape[0])))
     pipe(torch.randn(7, 8, dtype=torch.float64))
-    assert calls == [(0, 3), (1, 3), (0, 3), (1, 3), (0, 1), (1, 1)]
+    assert calls == [(0, 3), (1, 3), (0, 2), (1, 2), (0, 2), (1, 2)]
+
+
+@pytest.mark.parametrize("rows, micro, sizes", [(5, 4, [2, 1, 1, 1]), (30, 7, [5, 5, 4, 4, 4, 4, 4]),
+                                                (3, 4, [1, 1, 1]), (8, 4, [2, 2, 2, 2])])
+def test_the_batch_is_cut_into_exactly_the_micro_batches_asked_for(rows, micro, sizes):
+    net = mlp(depth=2)
+    pipe = PipelineModel.from_sequential(net, ["cpu", "cpu"], micro_batches=micro)
+    seen = []
+    pipe.stages[0].register_forward_hook(lambda m, inp, out: seen.append(inp[0].shape[0]))
+    x = torch.randn(rows, 8, dtype=torch.float64)
+    torch.testing.assert_close(pipe(x), net(x), rtol=1e-12, atol=1e-12)
+    assert seen == sizes
 
 
 def test_batchnorm_sees_micro_batches_in_training_but_not_in_eval():

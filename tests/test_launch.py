@@ -18,9 +18,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from launch_workers import (course_error, echo_arguments, failing, killed_mid_run, rank_sum, skips_collective)
+from launch_workers import (course_error, echo_arguments, exits_early, failing, killed_mid_run, listening_addresses,
+                            rank_sum, returns_unpicklable, runs_forever_without_collectives, skips_collective,
+                            starts_children)
 from mparlib import launch, rendezvous
-from mparlib.errors import ConfigError, WorkerFailed
+from mparlib.errors import ConfigError, LaunchError, WorkerFailed
 
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
@@ -44,6 +46,19 @@ def test_logs_are_kept_per_rank_and_appended(tmp_path):
     assert (tmp_path / "rank1.log").read_text().count("rank 1: sum 1") == 2
 
 
+@pytest.mark.parametrize("kind", ["symlink", "hardlink", "fifo"])
+def test_a_log_that_leads_elsewhere_is_refused_and_left_alone(tmp_path, kind):
+    target = tmp_path / "notes.txt"
+    target.write_text("mine\n")
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    {"symlink": lambda p: p.symlink_to(target), "hardlink": lambda p: os.link(target, p),
+     "fifo": lambda p: os.mkfifo(p)}[kind](logs / "rank0.log")
+    with pytest.raises(LaunchError, match=r"rank0\.log is not a log file of this launcher"):
+        launch.launch(rank_sum, 2, log_dir=logs, echo=False)
+    assert target.read_text() == "mine\n"
+
+
 def test_a_failing_rank_is_named_with_the_end_of_its_log_and_the_others_stopped():
     t = time.monotonic()
     with pytest.raises(WorkerFailed) as e:
@@ -65,11 +80,59 @@ def test_a_rank_killed_by_a_signal_is_the_cause_and_its_log_is_shown():
     assert e.value.rank == 1 and e.value.cause == "rank 1 was killed by signal SIGKILL"
 
 
+@pytest.mark.parametrize("who, code, how, match", [
+    (0, 7, "os", r"^rank 0 exited with code 7;"),
+    (1, 0, "os", r"^rank 1 ended with exit code 0 before its function returned"),
+    (1, 0, "sys", r"^rank 1 called sys\.exit\(0\) before its function returned"),
+    (0, 3, "sys", r"^rank 0 called sys\.exit\(3\) before its function returned"),
+])
+def test_the_rank_that_ended_its_process_is_blamed(who, code, how, match):
+    with pytest.raises(WorkerFailed, match=match) as e:
+        launch.launch(exits_early, 2, args=(who, code, how), echo=False, timeout=60)
+    assert e.value.rank == who and "leaving early" in str(e.value)
+
+
+def test_a_result_that_cannot_travel_back_is_explained():
+    with pytest.raises(LaunchError, match=r"^Rank 0's return value \(a dict\) cannot be sent back.*lambda"):
+        launch.launch(returns_unpicklable, 2, echo=False)
+
+
+@pytest.mark.parametrize("call, match", [
+    (dict(args=(1, lambda x: x)), r"^launch: args\[1\] \(a function\) cannot be sent"),
+    (dict(kwargs={"log": open(os.devnull)}), r"^launch: kwargs\['log'\] \(a TextIOWrapper\) cannot be sent"),
+])
+def test_an_argument_that_cannot_travel_is_named_before_any_process_starts(call, match):
+    with pytest.raises(ConfigError, match=match):
+        launch.launch(rank_sum, 2, echo=False, **call)
+    for value in call.get("kwargs", {}).values():
+        value.close()
+
+
+def test_a_stale_worker_from_an_earlier_run_of_its_cell_is_explained():
+    from mparlib.workers import write_worker
+
+    old = write_worker("mparlib_test_stale_worker", "def work():\n    return 1\n").work
+    write_worker("mparlib_test_stale_worker", "def work():\n    return 2\n")  # the cell is run again
+    with pytest.raises(LaunchError, match=r"import it again \(from mparlib_test_stale_worker import work\)"):
+        launch.launch(old, 2, echo=False)
+
+
+def test_a_wall_clock_limit_ends_ranks_that_never_call_a_collective(tmp_path):
+    import psutil
+
+    with pytest.raises(WorkerFailed, match=r"^the run took longer than limit=20 s, so every rank was stopped"):
+        launch.launch(runs_forever_without_collectives, 2, args=(str(tmp_path),), limit=20, timeout=1, echo=False)
+    pids = [int(f.read_text()) for f in tmp_path.glob("rank*.pid") if f.read_text()]
+    assert not any(_alive(p) for p in pids) and not multiprocessing.active_children()
+    assert not [c for c in psutil.Process().children() if c.name().startswith("python") and c.status() != "zombie"
+                and "spawn_main" in " ".join(c.cmdline())]
+
+
 def test_a_collective_that_one_rank_skips_ends_at_the_timeout():
     t = time.monotonic()
     with pytest.raises(WorkerFailed, match="rank 0 failed with"):
         launch.launch(skips_collective, 2, timeout=3, echo=False)
-    assert time.monotonic() - t < 25
+    assert time.monotonic() - t < 300  # rank 1 would sleep 600 s: the timeout, not its return, ended the run
 
 
 def test_nothing_is_left_behind_in_the_launching_process(tmp_path, monkeypatch):
@@ -93,11 +156,33 @@ def test_nothing_is_left_behind_in_the_launching_process(tmp_path, monkeypatch):
     (dict(nproc=0), "nproc=0"), (dict(nproc=2.0), "nproc=2.0"), (dict(nproc=True), "nproc=True"),
     (dict(args=5), "args=5"), (dict(kwargs=[1]), r"kwargs=\[1\]"), (dict(timeout=-1), "timeout=-1"),
     (dict(timeout=float("nan")), "timeout=nan"), (dict(backend="mpi"), "backend='mpi'"),
+    (dict(threads=-3), "threads=-3"), (dict(threads=1.5), "threads=1.5"), (dict(limit=0), "limit=0"),
 ])
 def test_bad_arguments_are_refused_before_any_process_starts(bad, match):
     call = dict(nproc=2) | bad
     with pytest.raises(ConfigError, match=match):
         launch.launch(rank_sum, call.pop("nproc"), **call)
+
+
+LOOPBACK = {"127.0.0.1", "::1", "::ffff:127.0.0.1"}
+
+
+def test_nothing_of_a_launch_listens_beyond_loopback():
+    got = launch.launch(listening_addresses, 2, echo=False)
+    assert (any(port == got["store_port"] for _, port in got["listening"])  # the store is among them
+            and {ip for ip, _ in got["listening"]} <= LOOPBACK), got
+
+
+def test_too_low_an_open_file_limit_is_named_before_any_process_starts():
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 10, hard))
+    try:
+        with pytest.raises(LaunchError, match=r"Too few open files .*ulimit -n"):
+            launch.launch(rank_sum, 2, echo=False)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
 def test_too_many_cpu_processes_for_this_machine_are_refused():
@@ -167,6 +252,31 @@ def test_no_rank_outlives_a_killed_launcher(tmp_path, child_env, sig):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_no_rank_outlives_a_stopped_then_killed_launcher(tmp_path, child_env):
+    proc = subprocess.Popen([sys.executable, "-c", LAUNCHER, str(tmp_path)], env=child_env(TESTS),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        pids = _wait_for_pids(tmp_path, 2)
+        proc.send_signal(signal.SIGSTOP)  # Ctrl+Z, then the terminal or its shell goes away
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+        assert _gone_within(pids), f"ranks {pids} still ran 10 s after the stopped launcher was killed"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_processes_started_by_the_ranks_end_with_the_run(tmp_path, fail):
+    if fail:
+        with pytest.raises(WorkerFailed, match="rank 1 failed with RuntimeError"):
+            launch.launch(starts_children, 2, args=(str(tmp_path), True), echo=False, limit=300)
+    else:
+        assert launch.launch(starts_children, 2, args=(str(tmp_path),), echo=False, limit=300) == "done"
+    pids = [int(p) for f in sorted(tmp_path.glob("children*.pid")) for p in f.read_text().split()]
+    assert len(pids) == 4 and _gone_within(pids), f"processes {pids} started by the ranks outlived the run"
 
 
 def test_an_interrupted_launch_stops_every_rank_itself(tmp_path, child_env):
