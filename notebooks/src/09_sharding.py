@@ -230,11 +230,20 @@ assert single["optimizer"] == predicted["optimizer"] + 4 * steps
 # yet ZeRO stage 2, whose point is the gradients' memory: `sharded_step` below first copies every `p.grad` into a
 # full-size flat buffer, so while it does, a rank holds the full gradient twice: twice the gradient bytes counted for
 # DDP below (about what DDP itself holds with its communication buckets, unless `gradient_as_bucket_view=True`). It
-# shards the optimizer step, not the gradients' memory. A real ZeRO-2 reduce-scatters the gradients during the
-# backward pass, bucket by bucket, so that the full gradient never exists at once on a rank. For an optimizer that
-# works element by element (SGD, Adam, AdamW), updating slices is the same arithmetic as updating everything, so the
-# parameters must come out **exactly** as DDP's. (One that looks at whole tensors, like clipping by the global
-# gradient norm, needs one more all-reduce of a single number.)
+# shards the optimizer step, not the gradients' memory: it is ZeRO-1, written from primitives.
+#
+# A real **ZeRO-2** reduce-scatters the gradients during the backward pass, bucket by bucket, so that the full
+# gradient never exists at once on a rank. `mparlib.sharding.Zero2Optimizer` does it in about 80 lines. It groups
+# the parameters into buckets (in reverse order, since the backward pass produces the last layers' gradients
+# first), moves each bucket's parameters into a flat buffer, and registers a hook on every parameter with
+# `register_post_accumulate_grad_hook`. Autograd calls the hook as soon as that parameter's gradient is complete;
+# the hook adds it into one persistent gradient buffer, the size of one bucket, and frees it (`p.grad = None`).
+# When a bucket's last gradient has arrived, the buffer is reduce-scattered, rank r keeps the mean of its slice,
+# and the next bucket reuses the buffer. After the backward pass a rank holds 1/N of the gradients and one bucket;
+# `step()` updates its slices and all-gathers every bucket into the parameters. For an optimizer that works
+# element by element (SGD, Adam, AdamW), updating slices is the same arithmetic as updating everything, so both
+# must give **exactly** DDP's parameters. (One that looks at whole tensors, like clipping by the global gradient
+# norm, needs one more all-reduce of a single number.)
 #
 # The worker cell below writes it with `torch.distributed` directly: `reduce_scatter_single` and `all_gather_single`
 # are the tensor forms of chapter 8's `reduce_scatter` and `all_gather`, under the names that PyTorch 2.13 gave
@@ -242,9 +251,11 @@ assert single["optimizer"] == predicted["optimizer"] + 4 * steps
 # back to them on older releases, and chapter 8's tour calls the old names, which every release has). gloo supports
 # both on CPU tensors. `flatten` moves the model's parameters into one flat buffer, each parameter becoming a view of
 # its stretch, so that the all-gather writes straight into the parameters, and rank r's slice is a view too: the
-# optimizer updates the buffer in place. `compare` trains the same model four ways on the same batches: DDP, this
-# sharded step, the same algorithm as packaged in `mparlib.sharding.ShardedOptimizer` (which the tests and the
-# benchmark use), and PyTorch's `ZeroRedundancyOptimizer`.
+# optimizer updates the buffer in place. `compare` trains the same model five ways on the same batches: DDP, this
+# sharded step, the same algorithm as packaged in `mparlib.sharding.ShardedOptimizer`, PyTorch's
+# `ZeroRedundancyOptimizer`, and the real ZeRO-2, `Zero2Optimizer`, with buckets of 64 KiB (the model's 0.56 MB of
+# gradients make 13 of them). `mparlib.sharding.tensor_collectives()` makes the same choice of names as the
+# worker's first lines, for the library's own code.
 # <!-- ja -->
 # ## プリミティブから作る ZeRO
 #
@@ -256,9 +267,11 @@ assert single["optimizer"] == predicted["optimizer"] + 4 * steps
 # 2. ランク r はスライス r だけについてオプティマイザを実行します。そのため、オプティマイザの状態もスライス r の分だけを持ちます。
 # 3. 更新したスライスをオールギャザーします。すべてのランクが、再びすべての新しいパラメータを持ちます。
 #
-# 送るバイト数は DDP のオールリデュースと同じです（もともとリデュース・スキャッターとオールギャザーだったからです）。そして各ランクが持ち続けるのは、オプティマイザの状態の 1/N（ZeRO のステージ 1）と、ステップが終わったあとの勾配の 1/N です。ただし、これはまだ ZeRO のステージ 2 ではありません。ステージ 2 の目的は勾配のメモリですが、下の `sharded_step` はまずすべての `p.grad` をモデル全体の大きさのフラットなバッファにコピーするので、その間ランクは完全な勾配を 2組持ちます。下で DDP について数える勾配のバイト数の 2倍です（DDP 自身も、`gradient_as_bucket_view=True` にしなければ通信用のバケットにもう 1組持つので、それとほぼ同じです）。シャーディングしているのはオプティマイザのステップで、勾配のメモリではありません。本当の ZeRO-2 は、逆伝播の途中でバケットごとに勾配をリデュース・スキャッターするので、完全な勾配が一度にランク上にそろうことはありません。要素ごとに計算するオプティマイザ（SGD、Adam、AdamW）なら、スライスごとに更新しても全体を更新しても計算は同じなので、パラメータは DDP と**完全に**一致するはずです（勾配全体のノルムでクリッピングするように、テンソル全体を見る処理には、数 1つのオールリデュースがもう 1回必要です）。
+# 送るバイト数は DDP のオールリデュースと同じです（もともとリデュース・スキャッターとオールギャザーだったからです）。そして各ランクが持ち続けるのは、オプティマイザの状態の 1/N（ZeRO のステージ 1）と、ステップが終わったあとの勾配の 1/N です。ただし、これはまだ ZeRO のステージ 2 ではありません。ステージ 2 の目的は勾配のメモリですが、下の `sharded_step` はまずすべての `p.grad` をモデル全体の大きさのフラットなバッファにコピーするので、その間ランクは完全な勾配を 2組持ちます。下で DDP について数える勾配のバイト数の 2倍です（DDP 自身も、`gradient_as_bucket_view=True` にしなければ通信用のバケットにもう 1組持つので、それとほぼ同じです）。シャーディングしているのはオプティマイザのステップで、勾配のメモリではありません。これはプリミティブで書いた ZeRO-1 です。
 #
-# 下のワーカーのセルでは、これを `torch.distributed` で直接書きます。`reduce_scatter_single` と `all_gather_single` は、8章の `reduce_scatter` と `all_gather` のテンソル版で、PyTorch 2.13 で `reduce_scatter_tensor` と `all_gather_into_tensor` に付けられた新しい名前です（古い名前には非推奨の警告が出ます。それより前のリリースでは、ワーカーは古い名前を使います。8章の `tour` は、どのリリースにもある古い名前を使っています）。gloo は CPU のテンソルでどちらにも対応しています。`flatten` はモデルのパラメータを 1本のフラットなバッファに移し、各パラメータをバッファの自分の区間のビューにします。こうするとオールギャザーの結果がそのままパラメータに書き込まれます。ランク r のスライスもビューなので、オプティマイザはバッファをその場で更新します。`compare` は同じモデルを同じバッチで 4通りの方法で訓練します。DDP、このシャーディングしたステップ、同じアルゴリズムを `mparlib.sharding.ShardedOptimizer` にまとめたもの（テストとベンチマークで使います）、そして PyTorch の `ZeroRedundancyOptimizer` です。
+# 本当の **ZeRO-2** は、逆伝播の途中でバケットごとに勾配をリデュース・スキャッターするので、完全な勾配が一度にランク上にそろうことはありません。`mparlib.sharding.Zero2Optimizer` は、これを 80行ほどで実装しています。パラメータをバケットに分け（逆伝播は最後の層の勾配から先に作るので、逆の順序で分けます）、各バケットのパラメータをフラットなバッファに移し、すべてのパラメータに `register_post_accumulate_grad_hook` でフックを登録します。autograd は、そのパラメータの勾配ができあがるとすぐにフックを呼びます。フックは勾配を、バケット 1つ分の大きさの永続的な勾配バッファに足し込み、元の勾配を解放します（`p.grad = None`）。バケットの最後の勾配が届いたらバッファをリデュース・スキャッターし、ランク r は自分のスライスの平均を残し、次のバケットが同じバッファを使います。逆伝播のあと、ランクが持つのは勾配の 1/N とバケット 1つ分です。`step()` は自分のスライスを更新し、すべてのバケットをパラメータにオールギャザーします。要素ごとに計算するオプティマイザ（SGD、Adam、AdamW）なら、スライスごとに更新しても全体を更新しても計算は同じなので、どちらのパラメータも DDP と**完全に**一致するはずです（勾配全体のノルムでクリッピングするように、テンソル全体を見る処理には、数 1つのオールリデュースがもう 1回必要です）。
+#
+# 下のワーカーのセルでは、これを `torch.distributed` で直接書きます。`reduce_scatter_single` と `all_gather_single` は、8章の `reduce_scatter` と `all_gather` のテンソル版で、PyTorch 2.13 で `reduce_scatter_tensor` と `all_gather_into_tensor` に付けられた新しい名前です（古い名前には非推奨の警告が出ます。それより前のリリースでは、ワーカーは古い名前を使います。8章の `tour` は、どのリリースにもある古い名前を使っています）。gloo は CPU のテンソルでどちらにも対応しています。`flatten` はモデルのパラメータを 1本のフラットなバッファに移し、各パラメータをバッファの自分の区間のビューにします。こうするとオールギャザーの結果がそのままパラメータに書き込まれます。ランク r のスライスもビューなので、オプティマイザはバッファをその場で更新します。`compare` は同じモデルを同じバッチで 5通りの方法で訓練します。DDP、このシャーディングしたステップ、同じアルゴリズムを `mparlib.sharding.ShardedOptimizer` にまとめたもの、PyTorch の `ZeroRedundancyOptimizer`、そして本当の ZeRO-2 である `Zero2Optimizer`（バケットは 64 KiB。このモデルの 0.56 MB の勾配は 13個のバケットになります）です。ライブラリの中では、`mparlib.sharding.tensor_collectives()` がワーカーの最初の数行と同じ名前の選び方をします。
 
 # %%
 # %%worker zero_workers
@@ -337,7 +350,7 @@ def _run(model, batches, step, zero_grad):
 
 
 def compare(batches, lr):
-    """The same training four ways: DDP + Adam, the sharded step above, mparlib's ShardedOptimizer, ZeRO-1."""
+    """The same training five ways: DDP + Adam, the sharded step above, ShardedOptimizer, ZeRO-1, ZeRO-2."""
     torch.backends.cudnn.allow_tf32 = False  # float32 convolutions on GPUs, as on the CPU
     dev, out = device(), {}
 
@@ -378,6 +391,13 @@ def compare(batches, lr):
     opt = ZeroRedundancyOptimizer(ddp.parameters(), optimizer_class=torch.optim.Adam, lr=lr)
     log, times = _run(ddp, batches, opt.step, opt.zero_grad)
     record("ZeroRedundancyOptimizer", model, sharding.held_bytes(model, opt), log, times)
+
+    # ZeRO-2: the gradients are reduce-scattered bucket by bucket during the backward pass, then freed
+    model = make_model().to(dev)
+    opt = sharding.Zero2Optimizer(model.parameters(), torch.optim.Adam, bucket_bytes=2**16, lr=lr)
+    log, times = _run(model, batches, opt.step, opt.zero_grad)
+    record("Zero2Optimizer", model, sharding.held_bytes(model, opt), log, times)
+    out["Zero2Optimizer"]["buckets"] = len(opt.buckets)
     return out
 
 # %% [markdown]
@@ -428,7 +448,7 @@ for name, r in zero.items():
 
 # %% [markdown]
 # <!-- en -->
-# All four give the same parameters as DDP, to the last bit on a CPU (the assertion allows 1e-6: the ranks
+# All five give the same parameters as DDP, to the last bit on a CPU (the assertion allows 1e-6: the ranks
 # compute the same gradients, and the only freedom left is the order in which N gradients are summed, which
 # costs at most a few units of float32's last digit, about 1e-7 relative, per step).
 #
@@ -442,7 +462,7 @@ for name, r in zero.items():
 # the FSDP check below compares losses; `tests/test_sharding.py` compares parameters in float64, where the noise
 # is far below `eps` and every parameter agrees within 1e-10.
 # <!-- ja -->
-# 4通りとも DDP と同じパラメータになり、CPU では最後のビットまで一致します（`assert` は 1e-6 まで許します。ランクは同じ勾配を計算するので、残る違いは N 個の勾配を足す順序だけで、その影響は 1ステップあたり float32 の最後の桁の数単位、相対誤差にして約 1e-7 以下です）。
+# 5通りとも DDP と同じパラメータになり、CPU では最後のビットまで一致します（`assert` は 1e-6 まで許します。ランクは同じ勾配を計算するので、残る違いは N 個の勾配を足す順序だけで、その影響は 1ステップあたり float32 の最後の桁の数単位、相対誤差にして約 1e-7 以下です）。
 #
 # 1個のプロセスと比べたときの結果には、知っておきたい点があります。ほとんどのパラメータは 1e-5 以内で一致します（float32 の丸め誤差です。2個のランクは 32枚をまとめてではなく 16枚ずつ損失を計算します）。例外は**キーのバイアス** `blocks.*.attn.k.bias` で、最大で 1e-4 ほど違います。キーのバイアスは、あるクエリのアテンションスコアすべてに同じ数を足しますが、softmax はそのようなずれを無視するので、本当の勾配はちょうど 0 です。オプティマイザに届くのは 1e-9 ほどの丸め誤差だけですが、Adam は各勾配をそれ自身の移動平均の大きさ（`sqrt(exp_avg_sq) + eps`、`eps = 1e-8`）で割ります。そのため、この大きさの誤差が学習率の 10分の 1 ほどの更新になり、その向きは丸め方しだいで決まります。このようなパラメータは損失をまったく変えません。このあとの FSDP の確認で損失を比べるのはそのためです。`tests/test_sharding.py` では float64 でパラメータを比べます。float64 では誤差が `eps` よりはるかに小さく、すべてのパラメータが 1e-10 以内で一致します。
 
@@ -472,19 +492,25 @@ for name in ("sharded_step", "ShardedOptimizer"):
         assert held["grads"] == single["grads"] // 2 and held["optimizer"] <= single["optimizer"] // 2 + 4
 assert zero["sharded_step"]["held"] == zero["ShardedOptimizer"]["held"]
 assert sum(h["optimizer"] for h in zero["ZeroRedundancyOptimizer"]["held"]) == single["optimizer"]
+buckets = zero["Zero2Optimizer"]["buckets"]
+for held in zero["Zero2Optimizer"]["held"]:  # half the gradients (+ padding) and one bucket's buffer of <= 64 KiB
+    assert single["grads"] // 2 < held["grads"] <= single["grads"] // 2 + 2**16 + 8 * buckets
+    assert held["optimizer"] <= single["optimizer"] // 2 + 4 * buckets + 8 * buckets
 
 # %% [markdown]
 # <!-- en -->
 # After the step, the sharded step holds half the gradients and half of Adam's state: 62% of DDP's bytes on 2 ranks,
 # and 1/4 + 3/4 x 1/N of them on N ranks (the parameters stay whole). These are the bytes held after the step; during
-# the step it held the full gradients twice, as said above, and no cell here measures that peak. PyTorch's
-# `ZeroRedundancyOptimizer` is ZeRO-1: it
+# the step it held the full gradients twice, as said above, which the peaks of section 3 show. `Zero2Optimizer`
+# holds after the step the same half of the gradients and of Adam's state, plus its one gradient buffer (64 KiB,
+# kept for the next backward pass), and during the step never more gradients than that plus the one parameter
+# gradient autograd has just produced. PyTorch's `ZeroRedundancyOptimizer` is ZeRO-1: it
 # shards the optimizer state, but by whole parameter tensors, assigned greedily to balance the ranks (hence the
 # uneven split), and it keeps DDP's full gradients. The collectives of one step, recorded by
 # `sharding.CollectiveLog` (it watches the `c10d` operators that every `torch.distributed` collective reaches
 # PyTorch's dispatcher through), and the step times:
 # <!-- ja -->
-# ステップのあと、シャーディングしたステップが持つ勾配と Adam の状態は半分です。ランク 2個なら DDP の 62% で、ランク N 個なら 1/4 + 3/4 × 1/N です（パラメータは丸ごと残ります）。これはステップのあとに持っている量です。ステップの途中では、上で述べたとおり完全な勾配を 2組持っていました。そのピークを測るセルはありません。PyTorch の `ZeroRedundancyOptimizer` は ZeRO-1 です。オプティマイザの状態をシャーディングしますが、パラメータのテンソル単位で、ランクの負担がそろうように貪欲に割り当てます（分け方が均等でないのはそのためです）。勾配は DDP と同じく全体を持ちます。1ステップの集合通信を `sharding.CollectiveLog` で記録したもの（`torch.distributed` の集合通信はどれも、PyTorch のディスパッチャを `c10d` の演算子として通ります。これを見張っています）と、ステップの時間を示します。
+# ステップのあと、シャーディングしたステップが持つ勾配と Adam の状態は半分です。ランク 2個なら DDP の 62% で、ランク N 個なら 1/4 + 3/4 × 1/N です（パラメータは丸ごと残ります）。これはステップのあとに持っている量です。ステップの途中では、上で述べたとおり完全な勾配を 2組持っていました。3節で測るピークにそれが表れます。`Zero2Optimizer` がステップのあとに持つのも、同じく勾配と Adam の状態の半分と、勾配バッファ 1つ（64 KiB。次の逆伝播のために残します）です。ステップの途中でも、勾配はこれに autograd が作ったばかりのパラメータ 1つ分の勾配を加えた量を超えません。PyTorch の `ZeroRedundancyOptimizer` は ZeRO-1 です。オプティマイザの状態をシャーディングしますが、パラメータのテンソル単位で、ランクの負担がそろうように貪欲に割り当てます（分け方が均等でないのはそのためです）。勾配は DDP と同じく全体を持ちます。1ステップの集合通信を `sharding.CollectiveLog` で記録したもの（`torch.distributed` の集合通信はどれも、PyTorch のディスパッチャを `c10d` の演算子として通ります。これを見張っています）と、ステップの時間を示します。
 
 # %% tags=["nbval-ignore-output"]
 print(col(tr("method", "方式"), 25)
@@ -498,16 +524,20 @@ for name, r in zero.items():
 for name in ("sharded_step", "ShardedOptimizer"):
     assert zero[name]["collectives"] == {"reduce_scatter": {"calls": 1, "bytes": single["params"]},
                                          "all_gather": {"calls": 1, "bytes": single["params"]}}
+for kind in ("reduce_scatter", "all_gather"):  # ZeRO-2: one of each per bucket, the model's bytes (+ padding) in all
+    c = zero["Zero2Optimizer"]["collectives"][kind]
+    assert c["calls"] == buckets and single["params"] <= c["bytes"] <= single["params"] + 8 * buckets
 
 # %% [markdown]
 # <!-- en -->
 # DDP sends its gradients in one all-reduce (the model fits in one bucket); the sharded step sends the same bytes
-# as one reduce-scatter and one all-gather. ZeRO-1 adds one broadcast per parameter tensor (71 of them) after
+# as one reduce-scatter and one all-gather, and ZeRO-2 as 13 of each, the reduce-scatters during the backward pass,
+# one as each bucket completes, where they can overlap the rest of the backward computation. ZeRO-1 adds one broadcast per parameter tensor (71 of them) after
 # DDP's all-reduce: the same bytes again, in many small messages. On a CPU the times are dominated by the small
 # model's compute and by the noise of other programs; with a model of billions of parameters on GPUs, what
 # matters is that sharding the optimizer costs no extra bytes on the wire.
 # <!-- ja -->
-# DDP は勾配を 1回のオールリデュースで送ります（このモデルは 1つのバケットに収まります）。シャーディングしたステップは、同じバイト数を 1回のリデュース・スキャッターと 1回のオールギャザーで送ります。ZeRO-1 は DDP のオールリデュースのあとに、パラメータのテンソルごとに 1回（71回）ブロードキャストします。バイト数は同じだけ増え、しかも多数の小さなメッセージになります。CPU での時間は、小さなモデルの計算と他のプログラムによるばらつきで決まってしまいます。数十億パラメータのモデルを GPU で訓練するときに大切なのは、オプティマイザをシャーディングしても通信のバイト数が増えないことです。
+# DDP は勾配を 1回のオールリデュースで送ります（このモデルは 1つのバケットに収まります）。シャーディングしたステップは、同じバイト数を 1回のリデュース・スキャッターと 1回のオールギャザーで送ります。ZeRO-2 はそれぞれ 13回に分けて送ります。リデュース・スキャッターは逆伝播の途中で、バケットが 1つそろうたびに行うので、残りの逆伝播の計算と重ねられます。ZeRO-1 は DDP のオールリデュースのあとに、パラメータのテンソルごとに 1回（71回）ブロードキャストします。バイト数は同じだけ増え、しかも多数の小さなメッセージになります。CPU での時間は、小さなモデルの計算と他のプログラムによるばらつきで決まってしまいます。数十億パラメータのモデルを GPU で訓練するときに大切なのは、オプティマイザをシャーディングしても通信のバイト数が増えないことです。
 
 # %% [markdown]
 # <!-- en -->
