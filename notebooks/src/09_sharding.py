@@ -560,9 +560,10 @@ for kind in ("reduce_scatter", "all_gather"):  # ZeRO-2: one of each per bucket,
 # (`reshard_after_forward=True`); before its backward, all-gather them once more; after the backward,
 # reduce-scatter its gradients, so that each rank keeps the gradient of its own shard. The optimizer then updates
 # shards, with state for shards. Sharding block by block is what keeps the memory low: the full parameters of only a
-# few blocks exist at once. Not of one block, though: FSDP2 prefetches, starting the all-gather of the next block
-# while the current one computes, so during the forward and the backward pass at least two blocks' full parameters
-# exist at the same time.
+# few blocks exist at once. Not of one block, though: in the backward pass FSDP2 prefetches, starting the all-gather
+# of the next block while the current one computes, so two blocks' full parameters exist at the same time. In the
+# forward pass it issues each all-gather only when the block is reached, and the overlap comes from the CPU running
+# ahead of the GPU's kernels; section 3 asks for an explicit forward prefetch and shows the order that results.
 #
 # The worker below shards the chapter's model this way (the root's `reshard_after_forward` keeps its default,
 # which does not free the root's parameters after the forward, since the backward needs them at once), and one
@@ -582,7 +583,7 @@ for kind in ("reduce_scatter", "all_gather"):  # ZeRO-2: one of each per bucket,
 # optimizer = torch.optim.Adam(model.parameters())   # シャーディングの後に作る。オプティマイザにはシャードが見える
 # ```
 #
-# `fully_shard` のあと、パラメータはどれも `DTensor` になります。ランクにどう分割されているかを知っているテンソルで（`Shard(0)` は 0次元目で切ることを表します）、`.to_local()` がこのランクの保存している部分です。FSDP は各ユニットの周りにフックを付けます。順伝播の前にパラメータをオールギャザーし、順伝播のあとで再び解放します（`reshard_after_forward=True`）。逆伝播の前にもう一度オールギャザーし、逆伝播のあとで勾配をリデュース・スキャッターして、各ランクは自分のシャードの勾配だけを持ちます。オプティマイザはシャードを更新し、状態もシャードの分だけを持ちます。ブロックごとにシャーディングすることが、メモリを少なく保つ鍵です。一度に完全なパラメータが存在するのは、いくつかのブロックの分だけです。ただし、1ブロック分だけではありません。FSDP2 は先読み（prefetch）をして、今のブロックの計算中に次のブロックのオールギャザーを始めるので、順伝播でも逆伝播でも、少なくとも 2ブロック分の完全なパラメータが同時に存在します。
+# `fully_shard` のあと、パラメータはどれも `DTensor` になります。ランクにどう分割されているかを知っているテンソルで（`Shard(0)` は 0次元目で切ることを表します）、`.to_local()` がこのランクの保存している部分です。FSDP は各ユニットの周りにフックを付けます。順伝播の前にパラメータをオールギャザーし、順伝播のあとで再び解放します（`reshard_after_forward=True`）。逆伝播の前にもう一度オールギャザーし、逆伝播のあとで勾配をリデュース・スキャッターして、各ランクは自分のシャードの勾配だけを持ちます。オプティマイザはシャードを更新し、状態もシャードの分だけを持ちます。ブロックごとにシャーディングすることが、メモリを少なく保つ鍵です。一度に完全なパラメータが存在するのは、いくつかのブロックの分だけです。ただし、1ブロック分だけではありません。逆伝播では FSDP2 は先読み（prefetch）をして、今のブロックの計算中に次のブロックのオールギャザーを始めるので、2ブロック分の完全なパラメータが同時に存在します。順伝播では、各オールギャザーはそのブロックに着いたときに発行され、重なりは CPU が GPU のカーネルより先に進むことから生まれます。3節では順伝播の明示的な先読みを指定し、その結果の順序を示します。
 #
 # 下のワーカーは、この章のモデルをこの方法でシャーディングします（ルートの `reshard_after_forward` は既定値のままにします。逆伝播がすぐにルートのパラメータを必要とするので、既定値では順伝播のあとも解放しません）。1回の起動でいくつもの測定をします。DTensor になったパラメータ、Adam の 10ステップと各ランクが持つバイト数と 1ステップの集合通信、`reshard_after_forward=False` での同じ測定、bfloat16 の混合精度、そして活性化の再計算（4節）です。さらに 2ランクの起動ではモデルを Fashion-MNIST で訓練して、シャーディングしたチェックポイントを保存します。4ランクの起動はそれを読み込みます（5節）。
 
@@ -683,10 +684,61 @@ def learn(model, lr, images, batch, epochs):
 FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)  # the whole state, gathered on rank 0
 
 
+def accumulate(batches, lr, micro=2):
+    """FSDP2 with explicit forward prefetch, each batch in micro-batches: the losses, collectives, gather order."""
+    model = shard(make_model().to(device()))
+    blocks = list(model.blocks)
+    for block, following in zip(blocks, blocks[1:]):
+        block.set_modules_to_forward_prefetch([following])  # gather the next block when this one starts
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    out = {"order": forward_order(model, batches[0][0])}
+    out["order_default"] = forward_order(shard(make_model().to(device())), batches[0][0])
+    losses = []
+    for X, y in batches:
+        X, y, loss = share(X), share(y), 0.0
+        with sharding.CollectiveLog() as log:
+            for i, (Xm, ym) in enumerate(zip(X.chunk(micro), y.chunk(micro))):
+                model.set_requires_gradient_sync(i == micro - 1)  # reduce-scatter on the last micro-batch only
+                part = nn.functional.cross_entropy(model(Xm), ym) / micro
+                part.backward()
+                loss += part.detach()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(mean_over_ranks(loss))
+    return losses, log.summary(), out
+
+
+def forward_order(model, X):
+    """The all-gathers (AG) and block forwards (F0, F1, ...) of one forward pass, in the order they were issued."""
+    with sharding.CollectiveLog() as log:
+        hooks = [b.register_forward_pre_hook(lambda m, a, i=i: log.calls.append((f"F{i}", 0)))
+                 for i, b in enumerate(model.blocks)]
+        with torch.no_grad():
+            model(share(X))
+    for h in hooks:
+        h.remove()
+    return ["AG" if kind == "all_gather" else kind for kind, _ in log.calls]
+
+
+def hsdp(batches, lr):
+    """HSDP on 4 ranks: shard within each pair of ranks, replicate across the 2 pairs; losses and collectives."""
+    mesh = init_device_mesh(device().type, (2, 2), mesh_dim_names=("replicate", "shard"))
+    model = make_model().to(device())
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    w = model.blocks[0].attn.q.weight
+    placements = [str(p) for p in w.placements], list(w.to_local().shape)
+    losses, _, collectives = train_steps(model, batches, lr)
+    return losses, collectives, placements
+
+
 def fsdp_run(batches, lr, learning=None, save_to=None, load_from=None):
     """FSDP2 on this world: shards, memory, collectives, mixed precision, checkpointing; then learn/save or load."""
     torch.backends.cudnn.allow_tf32 = False  # float32 convolutions on GPUs, as on the CPU
     dev, out = device(), {"world_size": dist.get_world_size(), "device": device().type}
+    # the peak of the training state per rank, DDP, ZeRO-1, ZeRO-2 and FSDP2 (section 3's table)
+    out["peaks"] = sharding.peak_memory_worker(patch=7, bucket_bytes=2**16)["methods"]
 
     model = shard(make_model().to(dev))
     w = model.blocks[0].attn.q.weight
@@ -711,6 +763,11 @@ def fsdp_run(batches, lr, learning=None, save_to=None, load_from=None):
     net = make_model().to(dev)
     net.blocks = nn.ModuleList(Checkpointed(b) for b in net.blocks)
     out["losses_checkpointed"], _, _ = train_steps(shard(net), batches[:3], lr)
+
+    # Gradient accumulation (2 micro-batches per step) with explicit forward prefetch; HSDP on a 2 x 2 mesh
+    out["losses_accumulated"], out["collectives_accumulated"], out["prefetch"] = accumulate(batches[:3], lr)
+    if dist.get_world_size() == 4:
+        out["losses_hsdp"], out["collectives_hsdp"], out["hsdp_placements"] = hsdp(batches[:3], lr)
 
     if learning is not None:  # train for real, then save a sharded checkpoint of model and optimizer
         learner = shard(make_model().to(dev))
@@ -854,8 +911,95 @@ for r in (fsdp2, fsdp4):
 # state (plus one step count per parameter tensor and rank). These counts are what is held after the step, not a peak:
 # during the forward and backward passes a rank also holds gathered blocks and activations, so its peak is expected to
 # be higher. Where the ranks have GPUs, the cell above printed the allocator's peak
-# (`torch.cuda.max_memory_allocated`), which shows it; a CPU has no such statistic.
+# (`torch.cuda.max_memory_allocated`), which shows it; a CPU has no such statistic, so the next cells measure the
+# peak another way, on any machine.
+# <!-- ja -->
+# 各ランクが持つのは、数パーセントの誤差で訓練の状態の 1/N です。この数パーセントは**パディング**です。FSDP2 はどのパラメータも 0次元目に沿って N 等分し、端数は切り上げます。位置埋め込み `pos` の形状は `(1, 16, 64)` で 0次元目の大きさが 1 なので、1個のランクが丸ごと保存し、他のランクは同じ大きさのパディングを保存します。Adam の状態は実際のシャードに合わせて作られるので、全ランクの状態を足すと、シャーディングしない場合の状態とちょうど同じになります（これにパラメータのテンソル 1つとランク 1個ごとのステップ数が加わります）。これらはステップのあとに持っている量で、ピークではありません。順伝播と逆伝播の間は、集めたブロックや活性化も持つので、ピークはこれより大きくなるはずです。ランクが GPU 上にあれば、上のセルがアロケータのピーク（`torch.cuda.max_memory_allocated`）を表示しているので、それで確かめられます。CPU にはこの統計がないので、次のセルでは別の方法で、どのマシンでもピークを測ります。
+
+# %% [markdown]
+# <!-- en -->
+# ### Peak memory per rank
 #
+# What limits a model is the **peak**: the most a rank holds at any one moment of a step, not what is left after it.
+# `sharding.PeakMemory` measures it from the tensors themselves. It is a dispatch mode, like `CollectiveLog`: every
+# operator of the step passes through it (forward, backward, the collectives, the optimizer), and after each one it
+# counts the training state as `sharding.training_tensors` lists it (the parameters the model exposes now, which
+# under FSDP2 include the gathered units; every `.grad`, plus the sharding code's own gradient buffers; the
+# optimizer's state), each storage once, and keeps the largest total. The count is exact for every tensor that
+# lives across at least one operator, and deterministic: the same operators run in the same order every time, so
+# the numbers can be asserted. Activations are left out on purpose: they are the same for all four methods at the
+# same batch per rank. `sharding.peak_memory_worker` builds the model for each method with
+# `sharding.data_parallel_method`: DDP and ZeRO-1 with `gradient_as_bucket_view=True`, DDP's leanest setting, where
+# the gradients are its communication buckets (by default DDP keeps them a second time), ZeRO-2 as
+# `Zero2Optimizer` with 64 KiB buckets, FSDP2 as above, plus this chapter's sharded step. It runs one step to
+# create Adam's state and measures the second. The 2- and 4-rank launches above ran it; one process gives N = 1:
+# <!-- ja -->
+# ### 1ランクあたりのピークメモリ
+#
+# モデルが収まるかどうかを決めるのは**ピーク**、つまりステップの途中でランクがいちばん多く持つ瞬間の量で、ステップのあとに残る量ではありません。`sharding.PeakMemory` は、これをテンソルそのものから測ります。`CollectiveLog` と同じくディスパッチモードで、ステップのすべての演算子（順伝播、逆伝播、集合通信、オプティマイザ）がここを通ります。演算子が 1つ終わるたびに、`sharding.training_tensors` が挙げる訓練の状態（モデルが今見せているパラメータ。FSDP2 では集めたユニットも含みます。すべての `.grad` と、シャーディングのコードが持つ勾配バッファ。オプティマイザの状態）を、ストレージごとに 1回ずつ数え、最大の合計を残します。演算子 1つ以上の間存在するテンソルについては正確で、しかも決定的です。毎回同じ演算子が同じ順序で実行されるので、数値を `assert` で確かめられます。活性化はわざと除いています。ランクあたりのバッチが同じなら、4つの方式で同じだからです。`sharding.peak_memory_worker` は、方式ごとに `sharding.data_parallel_method` でモデルを用意します。DDP と ZeRO-1 は `gradient_as_bucket_view=True` で動かします。勾配が通信用のバケットそのものになる、DDP で最もメモリの少ない設定です（既定では DDP は勾配をもう 1組持ちます）。ZeRO-2 はバケット 64 KiB の `Zero2Optimizer`、FSDP2 は上と同じ設定で、この章のシャーディングしたステップも加えます。1ステップ目で Adam の状態を作り、2ステップ目を測ります。上のランク 2個と 4個の起動でこれを実行しました。N = 1 は 1個のプロセスで測ります。
+
+# %% tags=["nbval-ignore-output"]
+peaks = {1: launch(sharding.peak_memory_worker, 1, kwargs=dict(patch=7, bucket_bytes=2**16), echo=False,
+                   timeout=300)["methods"], 2: fsdp2["peaks"], 4: fsdp4["peaks"]}
+METHODS = sharding.PEAK_METHODS
+print(col(tr("peak bytes per rank", "1ランクのピークのバイト数"), 26) + "".join(col(m, 12, True) for m in METHODS)
+      + col(tr("sharded step", "この章のステップ"), 18, True))
+for n, r in peaks.items():
+    print(col(tr(f"{n} rank(s)", f"ランク {n}個"), 26) + "".join(f"{r[m]['peak_bytes_per_rank']:>12,}" for m in METHODS)
+          + f"{r['sharded step']['peak_bytes_per_rank']:>18,}")
+print()
+print(tr("at ZeRO-2's and FSDP2's peak on 4 ranks (rank 0):", "ランク 4個での ZeRO-2 と FSDP2 のピークの内訳（ランク 0）:"))
+for m in ("ZeRO-2", "FSDP2"):
+    at, after = peaks[4][m]["per_rank"][0]["parts"], peaks[4][m]["per_rank"][0]["after"]
+    print(f"  {m:<7}" + ", ".join(f"{names[k]} {at[k]:,}" for k in parts)
+          + tr(f"; after the step {sum(after.values()):,} in all", f"。ステップのあとは合計 {sum(after.values()):,}"))
+
+# %%
+P = single["params"]  # 555,560 bytes of float32 parameters; Adam's state is twice that
+largest_grad = 4 * max(p.numel() for p in make_model().parameters())
+for m in METHODS:
+    assert 4 * P <= peaks[1][m]["peak_bytes_per_rank"] <= 1.1 * 4 * P, m  # one rank: 16 bytes per parameter
+for n in (2, 4):
+    peak = {m: peaks[n][m]["peak_bytes_per_rank"] for m in METHODS + ("sharded step",)}
+    assert peak["FSDP2"] < peak["ZeRO-2"] < peak["ZeRO-1"] < peak["DDP"], (n, peak)
+    assert peak["sharded step"] > peak["ZeRO-1"]  # its flat copy of the gradients
+    for rank in peaks[n]["ZeRO-2"]["per_rank"]:  # 1/N of the gradients + one bucket + one fresh gradient
+        assert rank["parts"]["grads"] <= P / n + 2**16 + largest_grad + 8 * n * 16
+    fsdp_rank = peaks[n]["FSDP2"]["per_rank"][0]
+    assert sum(fsdp_rank["after"].values()) < fsdp_rank["peak"]  # the peak is not what is left after the step
+
+# %%
+with course_style():
+    fig = Figure(figsize=(6.0, 3.3))
+    ax = fig.add_subplot()
+    shown = METHODS + ("sharded step",)
+    labels_m = {m: m for m in METHODS} | {"sharded step": tr("sharded step", "この章のステップ")}
+    width = 0.8 / len(shown)
+    for i, m in enumerate(shown):
+        ax.bar([j + (i - (len(shown) - 1) / 2) * width for j in range(len(peaks))],
+               [peaks[n][m]["peak_bytes_per_rank"] / 1e6 for n in peaks], width=width, label=labels_m[m])
+    ax.set_xticks(range(len(peaks)), [str(n) for n in peaks])
+    ax.set_xlabel(tr("ranks", "ランク数"))
+    ax.set_ylabel(tr("peak MB per rank", "1ランクのピーク（MB）"))
+    ax.set_title(tr("Peak of parameters + gradients + Adam state", "パラメータ、勾配、Adam の状態のピーク"))
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+display(Image(figure_png(fig)))
+
+# %% [markdown]
+# <!-- en -->
+# On one rank every method holds 16 bytes per parameter at its peak, at the end of the step, when the gradients
+# and Adam's state both exist. On 2 and 4 ranks the order is the one the ZeRO stages promise, now as peaks:
+# ZeRO-1 saves Adam's state, ZeRO-2 also the gradients (its gradients never exceed 1/N plus one bucket and the one
+# gradient autograd has just produced), FSDP2 also the parameters, although at its peak a rank holds the gathered
+# blocks (the one that computes and the next, prefetched) and a unit's full gradients before they are
+# reduce-scattered, so its peak is well above what it holds after the step. The chapter's sharded step has about
+# DDP's peak: for a moment it holds every gradient twice.
+# <!-- ja -->
+# ランク 1個では、どの方式もピークでパラメータ 1つあたり 16バイトを持ちます。ピークはステップの終わり、勾配と Adam の状態がそろった瞬間です。ランク 2個と 4個では、ZeRO のステージが約束する順序が、ピークとしても成り立ちます。ZeRO-1 は Adam の状態を、ZeRO-2 は勾配も減らし（勾配は 1/N とバケット 1つ、autograd が作ったばかりの勾配 1つ分を超えません）、FSDP2 はパラメータも減らします。ただし FSDP2 のピークでは、集めたブロック（計算中のものと先読みした次のもの）と、リデュース・スキャッターする前のユニットの完全な勾配も持つので、ステップのあとに持つ量よりかなり大きくなります。この章のシャーディングしたステップのピークは DDP とほぼ同じです。一瞬、すべての勾配を 2組持つからです。
+
+# %% [markdown]
+# <!-- en -->
 # ### ZeRO-3 or ZeRO-2: `reshard_after_forward`
 #
 # With `reshard_after_forward=True` (the default for blocks), a block's parameters are freed after its forward and
@@ -865,8 +1009,6 @@ for r in (fsdp2, fsdp4):
 # PyTorch's own `CommDebugMode` (`torch.distributed.tensor.debug`) sees FSDP's collectives too and counts the same
 # calls, but it does not record their sizes.
 # <!-- ja -->
-# 各ランクが持つのは、数パーセントの誤差で訓練の状態の 1/N です。この数パーセントは**パディング**です。FSDP2 はどのパラメータも 0次元目に沿って N 等分し、端数は切り上げます。位置埋め込み `pos` の形状は `(1, 16, 64)` で 0次元目の大きさが 1 なので、1個のランクが丸ごと保存し、他のランクは同じ大きさのパディングを保存します。Adam の状態は実際のシャードに合わせて作られるので、全ランクの状態を足すと、シャーディングしない場合の状態とちょうど同じになります（これにパラメータのテンソル 1つとランク 1個ごとのステップ数が加わります）。これらはステップのあとに持っている量で、ピークではありません。順伝播と逆伝播の間は、集めたブロックや活性化も持つので、ピークはこれより大きくなるはずです。ランクが GPU 上にあれば、上のセルがアロケータのピーク（`torch.cuda.max_memory_allocated`）を表示しているので、それで確かめられます。CPU にはこの統計がありません。
-#
 # ### ZeRO-3 と ZeRO-2 の切り替え: `reshard_after_forward`
 #
 # `reshard_after_forward=True`（ブロックの既定値）では、ブロックのパラメータは順伝播のあとで解放され、逆伝播のためにもう一度集められます。メモリは最も少なくなりますが、オールギャザーが 2回になります。`False` にすると、順伝播から逆伝播まで集めたまま保持します。これは ZeRO-2 の振る舞いで、ステップの間は完全なパラメータを持ちます。1回の訓練ステップで送るもの（集めたり足し合わせたりするテンソル全体のバイト数）を `CollectiveLog` で数えます。PyTorch 自身の `CommDebugMode`（`torch.distributed.tensor.debug`）も FSDP の集合通信を捉えて同じ回数を数えますが、その大きさは記録しません。
@@ -971,6 +1113,76 @@ assert len(fsdp2["losses"]) == len(fsdp4["losses"]) == 10 and one_losses[-1] < o
 assert loss_gap(fsdp2["losses"]) < 1e-4 and loss_gap(fsdp4["losses"]) < 1e-4
 assert loss_gap(fsdp2["losses_bf16"]) > 1e-3  # a real change of arithmetic is far outside the tolerance
 assert loss_gap(fsdp2["losses_checkpointed"]) < 1e-4
+
+# %% [markdown]
+# <!-- en -->
+# ### Gradient accumulation, forward prefetch and HSDP
+#
+# Three more settings of FSDP2, each run by the launches above on the first three batches and held to the same
+# standard, the losses of one process:
+#
+# - **Gradient accumulation**: each batch in 2 micro-batches, each loss divided by 2. With
+#   `model.set_requires_gradient_sync(False)` on every micro-batch but the last, FSDP2 keeps the unsharded
+#   gradients and reduce-scatters once per step instead of once per micro-batch (the all-gathers still happen for
+#   every micro-batch: the parameters are resharded after each one).
+# - **Explicit forward prefetch**: `block.set_modules_to_forward_prefetch([next_block])` makes each block issue the
+#   all-gather of the next one when its own forward starts, so that the transfer overlaps its computation. The
+#   worker records the order in which the all-gathers (AG) and the block forwards (F0 to F3) were issued.
+# - **HSDP** (hybrid sharding) on 4 ranks: `fully_shard` with a 2-D `DeviceMesh` of shape (2, 2), named
+#   `("replicate", "shard")`. Each parameter is sharded within a pair of ranks and replicated across the 2 pairs:
+#   all-gathers and reduce-scatters stay inside a pair (in a cluster, inside a node, over the fast links), and the
+#   pairs then all-reduce their gradient shards.
+# <!-- ja -->
+# ### 勾配の累積、順伝播の先読み、HSDP
+#
+# FSDP2 の設定をさらに 3つ試します。どれも上の起動で最初の 3バッチについて実行したもので、同じ基準（1個のプロセスの損失）で確かめます。
+#
+# - **勾配の累積**: 各バッチを 2つのマイクロバッチに分け、それぞれの損失を 2 で割ります。最後以外のマイクロバッチで `model.set_requires_gradient_sync(False)` にすると、FSDP2 はシャーディングしていない勾配を持ち続け、リデュース・スキャッターをマイクロバッチごとではなく 1ステップに 1回だけ行います（オールギャザーはマイクロバッチごとに行います。パラメータは毎回解放されるからです）。
+# - **順伝播の明示的な先読み**: `block.set_modules_to_forward_prefetch([next_block])` とすると、各ブロックは自分の順伝播を始めるときに次のブロックのオールギャザーを発行するので、転送が自分の計算と重なります。ワーカーは、オールギャザー（AG）とブロックの順伝播（F0〜F3）が発行された順序を記録します。
+# - **HSDP**（ハイブリッドシャーディング）をランク 4個で: 形状 (2, 2)、名前 `("replicate", "shard")` の 2次元の `DeviceMesh` で `fully_shard` します。各パラメータは 2個のランクの組の中でシャーディングされ、2つの組の間では複製されます。オールギャザーとリデュース・スキャッターは組の中で済み（クラスタならノードの中の高速なリンクで済み）、そのあと組どうしが勾配のシャードをオールリデュースします。
+
+# %% tags=["nbval-ignore-output"]
+for label, losses in ((tr("FSDP, 2 ranks, 2 micro-batches", "FSDP、ランク 2個、マイクロバッチ 2個"),
+                       fsdp2["losses_accumulated"]),
+                      (tr("FSDP, 4 ranks, 2 micro-batches", "FSDP、ランク 4個、マイクロバッチ 2個"),
+                       fsdp4["losses_accumulated"]),
+                      (tr("HSDP, 4 ranks on a 2 x 2 mesh", "HSDP、ランク 4個、2 × 2 のメッシュ"), fsdp4["losses_hsdp"])):
+    print(col(label, 44) + f"{tr('largest difference', '差の最大値')} {loss_gap(losses):.1e}")
+print(tr("collectives of one accumulated step, 2 ranks:", "累積した 1ステップの集合通信（ランク 2個）:"),
+      {KINDS[k]: c["calls"] for k, c in fsdp2["collectives_accumulated"].items()})
+print(tr("collectives of one HSDP step:", "HSDP の 1ステップの集合通信:"),
+      {KINDS[k]: c["calls"] for k, c in fsdp4["collectives_hsdp"].items()})
+placements, local = fsdp4["hsdp_placements"]
+print(tr(f"HSDP: blocks.0.attn.q.weight placements {placements}, each rank stores {tuple(local)}",
+         f"HSDP: blocks.0.attn.q.weight の配置 {placements}。各ランクが保存するのは {tuple(local)}"))
+print(tr("forward order, default:         ", "順伝播の順序（既定）:        "), " ".join(fsdp2["prefetch"]["order_default"]))
+print(tr("forward order, explicit prefetch:", "順伝播の順序（明示的な先読み）:"), " ".join(fsdp2["prefetch"]["order"]))
+
+# %%
+for r in (fsdp2, fsdp4):
+    assert loss_gap(r["losses_accumulated"]) < 1e-4
+    assert r["collectives_accumulated"]["reduce_scatter"]["calls"] == units  # once per step, not per micro-batch
+    assert r["collectives_accumulated"]["all_gather"]["calls"] == 2 * (units + 4)
+    order, default = r["prefetch"]["order"], r["prefetch"]["order_default"]
+    for i in range(3):  # with prefetch, block i + 1 is gathered before block i computes; without, only block i
+        assert order[:order.index(f"F{i}")].count("AG") == i + 3
+        assert default[:default.index(f"F{i}")].count("AG") == i + 2
+assert loss_gap(fsdp4["losses_hsdp"]) < 1e-4
+assert fsdp4["hsdp_placements"] == (["R", "S(0)"], [32, 64])  # replicated across pairs, 64 rows halved
+assert {k: c["calls"] for k, c in fsdp4["collectives_hsdp"].items()} == {
+    "all_gather": units + 4, "reduce_scatter": units, "all_reduce": units}
+
+# %% [markdown]
+# <!-- en -->
+# All three train like one process. Accumulating costs no reduce-scatter until the last micro-batch (5, one per
+# unit, for the whole step), at the price of holding the unit's full gradients between micro-batches. With explicit
+# prefetch, every block's all-gather is issued one block earlier: block 1 is requested before block 0 computes.
+# By default FSDP2 prefetches in the backward pass only; in the forward each all-gather waits for the block's own
+# pre-forward hook. HSDP stores half of each parameter per rank, as 2-rank FSDP does, and adds one all-reduce per
+# unit, across the pairs, in the backward pass: in a cluster the heavy all-gathers stay on the fast links within a
+# node, and only the gradient shards cross between nodes.
+# <!-- ja -->
+# 3つとも 1個のプロセスと同じように訓練が進みます。累積では、最後のマイクロバッチまでリデュース・スキャッターをしません（1ステップ全体でユニットごとに 1回、5回です）。その代わり、マイクロバッチの間はユニットの完全な勾配を持ち続けます。明示的な先読みでは、各ブロックのオールギャザーが 1ブロック分早く発行されます。ブロック 0 の計算の前に、ブロック 1 を要求しています。既定では FSDP2 は逆伝播でだけ先読みし、順伝播では各オールギャザーはそのブロック自身の順伝播前のフックを待ちます。HSDP では、ランク 2個の FSDP と同じく各ランクがパラメータの半分を保存し、逆伝播で組の間のオールリデュースがユニットごとに 1回加わります。クラスタなら、重いオールギャザーはノードの中の高速なリンクにとどまり、ノードの間を行き来するのは勾配のシャードだけです。
 
 # %% [markdown]
 # <!-- en -->
@@ -1246,18 +1458,25 @@ def total_bytes(log):
 
 
 AR, RS, AG, BC = (KINDS[k] for k in ("all_reduce", "reduce_scatter", "all_gather", "broadcast"))
+peak2 = {m: r["peak_bytes_per_rank"] for m, r in peaks[2].items()}
 measured = [
-    ("DDP", zero["DDP"]["held"], 2 * single["params"], AR),
-    ("ZeRO-1 (ZeroRedundancyOptimizer)", zero["ZeroRedundancyOptimizer"]["held"], 3 * single["params"], f"{AR} + {BC}"),
-    (tr("ZeRO-2 (sharded step, this chapter)", "ZeRO-2（この章のステップ）"), zero["sharded_step"]["held"],
-     total_bytes(zero["sharded_step"]["collectives"]), f"{RS} + {AG}"),
-    ("FSDP2, reshard_after_forward=False", fsdp2["held"], total_bytes(fsdp2["collectives_kept"]), f"{AG} + {RS}"),
-    ("FSDP2 (ZeRO-3)", fsdp2["held"], total_bytes(fsdp2["collectives"]), f"{AG} x 2 + {RS}"),
+    ("DDP", zero["DDP"]["held"], peak2["DDP"], 2 * single["params"], AR),
+    ("ZeRO-1 (ZeroRedundancyOptimizer)", zero["ZeroRedundancyOptimizer"]["held"], peak2["ZeRO-1"],
+     3 * single["params"], f"{AR} + {BC}"),
+    (tr("ZeRO-1 (sharded step, this chapter)", "ZeRO-1（この章のステップ）"), zero["sharded_step"]["held"],
+     peak2["sharded step"], total_bytes(zero["sharded_step"]["collectives"]), f"{RS} + {AG}"),
+    ("ZeRO-2 (Zero2Optimizer)", zero["Zero2Optimizer"]["held"], peak2["ZeRO-2"],
+     total_bytes(zero["Zero2Optimizer"]["collectives"]), f"{RS} + {AG}"),
+    ("FSDP2, reshard_after_forward=False", fsdp2["held"], None, total_bytes(fsdp2["collectives_kept"]),
+     f"{AG} + {RS}"),
+    ("FSDP2 (ZeRO-3)", fsdp2["held"], peak2["FSDP2"], total_bytes(fsdp2["collectives"]), f"{AG} x 2 + {RS}"),
 ]
-print(col(tr("method", "方式"), 37) + col(tr("held per rank", "1ランクが持つ量"), 16, True)
-      + col(tr("sent per step", "1ステップの通信"), 16, True) + "  " + tr("collectives", "集合通信"))
-for name, held, sent, kinds in measured:
-    print(col(name, 37) + f"{max(sum(h[k] for k in parts) for h in held):>16,}{sent:>16,}  {kinds}")
+print(col(tr("method", "方式"), 37) + col(tr("held after step", "ステップ後の量"), 16, True)
+      + col(tr("peak", "ピーク"), 11, True) + col(tr("sent per step", "1ステップの通信"), 16, True)
+      + "  " + tr("collectives", "集合通信"))
+for name, held, peak, sent, kinds in measured:
+    print(col(name, 37) + f"{max(sum(h[k] for k in parts) for h in held):>16,}"
+          + (f"{peak:>11,}" if peak else f"{'-':>11}") + f"{sent:>16,}  {kinds}")
 print(tr("(DDP's and ZeRO-1's traffic: an all-reduce counted as a reduce-scatter plus an all-gather of the model, "
          "plus ZeRO-1's broadcasts)",
          "（DDP と ZeRO-1 の通信量: オールリデュースをモデルのリデュース・スキャッターとオールギャザーとして数え、"
@@ -1266,11 +1485,11 @@ print(tr("(DDP's and ZeRO-1's traffic: an all-reduce counted as a reduce-scatter
 # %% [markdown]
 # <!-- en -->
 # (FSDP2 holds the same at rest with `True` or `False`; with `False` it also holds all blocks' full parameters between
-# the forward and the backward pass.) The row printed as ZeRO-2 is this chapter's sharded step: its bytes are counted
-# after the step, when it holds ZeRO-2's share, but during the step it held every gradient plus a full flat copy of
-# them, so it shards the optimizer step, not the gradients' memory (section 2). Reading the table for a real model,
-# scaled by the arithmetic of section 1, with ZeRO-2 as DeepSpeed implements it (gradients reduce-scattered bucket by
-# bucket during the backward pass):
+# the forward and the backward pass; its peak was not measured.) After the step the chapter's sharded step holds as
+# little as ZeRO-2, but its peak, when it holds every gradient plus a full flat copy of them, is about DDP's: it
+# shards the optimizer step, not the gradients' memory. `Zero2Optimizer` keeps both low, since its gradients are
+# reduce-scattered bucket by bucket during the backward pass. Reading the table for a real model, scaled by the
+# arithmetic of section 1:
 #
 # | | memory per rank | traffic per step | use it when |
 # |---|---|---|---|
@@ -1287,7 +1506,7 @@ print(tr("(DDP's and ZeRO-1's traffic: an all-reduce counted as a reduce-scatter
 # 3.2 M parameters), with step times, and checks the goal of this chapter: at most 1.15 x 1/N (its worker,
 # `mparlib.sharding.fsdp_memory_worker`, is the FSDP part of this chapter's worker in a few lines).
 # <!-- ja -->
-# （FSDP2 が保存している量は `True` でも `False` でも同じです。`False` では、順伝播から逆伝播までの間、すべてのブロックの完全なパラメータも持ちます。）ZeRO-2 と表示した行はこの章のシャーディングしたステップです。そのバイト数はステップのあとに数えたもので、そのときは ZeRO-2 と同じ量を持っていますが、ステップの途中ではすべての勾配とそのフラットなコピーを持っていました。シャーディングしているのはオプティマイザのステップで、勾配のメモリではありません（2節）。実際のモデルについてこの表を読むには、1節の計算で大きさを換算します。ZeRO-2 は DeepSpeed の実装（逆伝播の途中でバケットごとに勾配をリデュース・スキャッターする）を指します。
+# （FSDP2 が保存している量は `True` でも `False` でも同じです。`False` では、順伝播から逆伝播までの間、すべてのブロックの完全なパラメータも持ちます。そのピークは測っていません。）この章のシャーディングしたステップは、ステップのあとには ZeRO-2 と同じくらい少ない量しか持ちませんが、すべての勾配とそのフラットなコピーを持つ瞬間のピークは DDP とほぼ同じです。シャーディングしているのはオプティマイザのステップで、勾配のメモリではありません。`Zero2Optimizer` は逆伝播の途中でバケットごとに勾配をリデュース・スキャッターするので、どちらも少なく保ちます。実際のモデルについてこの表を読むには、1節の計算で大きさを換算します。
 #
 # | | 1ランクのメモリ | 1ステップの通信 | 使いどころ |
 # |---|---|---|---|
@@ -1308,8 +1527,11 @@ print(tr("(DDP's and ZeRO-1's traffic: an all-reduce counted as a reduce-scatter
 # - ZeRO shards them: stage 1 the optimizer state, stage 2 also the gradients, stage 3 also the parameters. The
 #   chapter's sharded step is DDP's all-reduce cut in two, reduce-scatter, update one slice, all-gather: the same
 #   bytes, the same parameters (proved here against DDP), 1/N of the optimizer state. It first copies the full
-#   gradient into a flat buffer, so it shards the optimizer step, not the gradients' memory; a real
-#   ZeRO-2 reduce-scatters bucket by bucket during the backward pass.
+#   gradient into a flat buffer, so it is ZeRO-1: its peak is about DDP's. `Zero2Optimizer` is ZeRO-2: hooks
+#   reduce-scatter the gradients bucket by bucket during the backward pass and free them, so a rank never holds
+#   more than 1/N of them plus one bucket.
+# - Peaks, not what is left after a step, decide what fits: counted after every operator (`PeakMemory`), they order
+#   FSDP2 < ZeRO-2 < ZeRO-1 < DDP on 2 and 4 ranks.
 # - FSDP2 is `fully_shard` per block and at the root: parameters become DTensors sharded on dimension 0, each rank
 #   holds 1/N of parameters, gradients and optimizer state (within the padding), and each block is gathered just
 #   before it computes. `reshard_after_forward` trades memory against a second all-gather; `MixedPrecisionPolicy`
@@ -1336,7 +1558,8 @@ print(tr("(DDP's and ZeRO-1's traffic: an all-reduce counted as a reduce-scatter
 # ## まとめ
 #
 # - 訓練では、パラメータ 1つにつきパラメータ、勾配、オプティマイザの状態を持ちます。Adam なら fp32 でも混合精度（重みの fp32 のマスターコピー）でも 16バイトです。DDP はそのすべてを全ランクに持たせます。
-# - ZeRO はこれをシャーディングします。ステージ 1 はオプティマイザの状態、ステージ 2 は勾配も、ステージ 3 はパラメータもシャーディングします。この章のシャーディングしたステップは、DDP のオールリデュースを 2つに分けたものです。リデュース・スキャッターし、1つのスライスを更新し、オールギャザーします。送るバイト数もパラメータも同じで（ここでは DDP と比べて証明しました）、オプティマイザの状態は 1/N です。ただし最初に完全な勾配をフラットなバッファにコピーするので、シャーディングしているのはオプティマイザのステップで、勾配のメモリではありません。本当の ZeRO-2 は、逆伝播の途中でバケットごとにリデュース・スキャッターします。
+# - ZeRO はこれをシャーディングします。ステージ 1 はオプティマイザの状態、ステージ 2 は勾配も、ステージ 3 はパラメータもシャーディングします。この章のシャーディングしたステップは、DDP のオールリデュースを 2つに分けたものです。リデュース・スキャッターし、1つのスライスを更新し、オールギャザーします。送るバイト数もパラメータも同じで（ここでは DDP と比べて証明しました）、オプティマイザの状態は 1/N です。ただし最初に完全な勾配をフラットなバッファにコピーするので、これは ZeRO-1 で、ピークは DDP とほぼ同じです。`Zero2Optimizer` は ZeRO-2 です。フックが逆伝播の途中でバケットごとに勾配をリデュース・スキャッターして解放するので、ランクが持つ勾配は 1/N とバケット 1つ分を超えません。
+# - 何が収まるかを決めるのは、ステップのあとに残る量ではなくピークです。演算子ごとに数えると（`PeakMemory`）、ランク 2個と 4個で FSDP2 < ZeRO-2 < ZeRO-1 < DDP の順になります。
 # - FSDP2 は、ブロックごととルートの `fully_shard` です。パラメータは 0次元目でシャーディングされた DTensor になり、各ランクはパラメータ、勾配、オプティマイザの状態の 1/N（とパディング）を持ち、各ブロックは計算の直前に集められます。`reshard_after_forward` でメモリと 2回目のオールギャザーを交換でき、`MixedPrecisionPolicy` は集めるバイト数を半分にします。訓練は 1個のプロセスとまったく同じように進みます。
 # - 活性化の再計算は各ブロックの入力だけを残し、残りは逆伝播の中で計算し直します。
 # - DCP は全ランクのシャードを並行して保存し、読み込むときに再シャーディングします（ランク 2個 → ランク 4個 → 1個のプロセス）。一時フォルダに保存し、名前を変えてから `latest` でそれを指せば、強制終了された保存が完了したものと取り違えられることはありません。
