@@ -6,10 +6,13 @@ holds what the chapter, its tests and its benchmark share:
 
 - the arithmetic: bytes per parameter for a precision and an optimizer, and what each ZeRO stage leaves per rank,
 - the accounting: the bytes a rank really holds, counted from its tensors (a DTensor counts its local shard),
-- :class:`ShardedOptimizer`: ZeRO from primitives (reduce-scatter the gradients, update the local shard, all-gather
-  the parameters),
+- :class:`ShardedOptimizer`: ZeRO-1 from primitives (reduce-scatter the gradients, update the local shard,
+  all-gather the parameters), and :class:`Zero2Optimizer`, ZeRO-2, whose gradients are reduce-scattered bucket by
+  bucket during the backward pass,
 - :class:`CollectiveLog`: which collectives ran inside a ``with`` block, and how many bytes each moved,
-- :func:`fsdp_memory_worker`: one FSDP2 training run that reports its memory per rank (for the benchmark).
+- :class:`PeakMemory`: the peak of the training state a rank holds during a step, counted after every operator,
+- :func:`fsdp_memory_worker` and :func:`peak_memory_worker`: what one rank holds after a step of FSDP2, and the
+  peaks of DDP, ZeRO-1, ZeRO-2 and FSDP2 (for the benchmark, the tests and the chapter).
 
 Sharded checkpoints are :mod:`mparlib.sharded_checkpoint`.
 """

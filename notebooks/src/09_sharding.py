@@ -15,9 +15,13 @@
 #
 # - count where the memory of training goes, byte by byte, for published model sizes and for our own model,
 # - build ZeRO from the collectives of chapter 8 (reduce-scatter the gradients, update one shard, all-gather the
-#   parameters), prove it computes exactly what DDP computes, and measure it beside PyTorch's ZeRO-1,
+#   parameters), prove it computes exactly what DDP computes, and measure it beside PyTorch's ZeRO-1, then build a
+#   real ZeRO-2, whose gradients are reduce-scattered bucket by bucket during the backward pass,
 # - shard the model with FSDP2's `fully_shard` on 1, 2 and 4 processes and measure what each rank holds, what it
-#   sends, and what mixed precision changes; and check that it trains exactly like one process,
+#   sends, and what mixed precision changes; and check that it trains exactly like one process, also with gradient
+#   accumulation, with explicit forward prefetch and as HSDP on a 2 x 2 mesh,
+# - measure the peak memory per rank, the most a rank holds at any moment of a step, of DDP, ZeRO-1, ZeRO-2 and FSDP2
+#   on 1, 2 and 4 ranks,
 # - trade computation for activation memory with activation checkpointing,
 # - save a sharded checkpoint from 2 ranks and load it into 4 ranks and into one process, and kill a save
 #   half-way to see that nothing is lost,
@@ -30,8 +34,9 @@
 # **シャーディング**は、このコピーを N 個に切り分けてランクごとに 1片ずつ持たせ、足りない部分は必要になる直前に通信で取り寄せます。これが ZeRO（DeepSpeed の Zero Redundancy Optimizer）と PyTorch の FSDP（Fully Sharded Data Parallel）です。モデルはこの章用の小さな Vision Transformer で、Fashion-MNIST を学習します。その Transformer ブロックが、FSDP がシャーディングする単位になります。すべて `gloo` を使う CPU のプロセスで動き、GPU では `nccl` で動きます。この章では次のことを学びます。
 #
 # - 訓練のメモリがどこに使われるのかを、公表されているモデルの大きさとこの章のモデルについて、バイト単位で数えます。
-# - 8章の集合通信から ZeRO を作ります（勾配をリデュース・スキャッター（reduce-scatter）し、1片だけを更新し、パラメータをオールギャザー（all-gather）します）。DDP とまったく同じ計算になることを証明し、PyTorch の ZeRO-1 と並べて測ります。
-# - FSDP2 の `fully_shard` でモデルを 1個、2個、4個のプロセスにシャーディングし、各ランクが持つもの、送るもの、混合精度で変わることを測ります。さらに、1個のプロセスとまったく同じように訓練が進むことを確かめます。
+# - 8章の集合通信から ZeRO を作ります（勾配をリデュース・スキャッター（reduce-scatter）し、1片だけを更新し、パラメータをオールギャザー（all-gather）します）。DDP とまったく同じ計算になることを証明し、PyTorch の ZeRO-1 と並べて測ります。さらに、逆伝播の途中でバケットごとに勾配をリデュース・スキャッターする本当の ZeRO-2 を作ります。
+# - FSDP2 の `fully_shard` でモデルを 1個、2個、4個のプロセスにシャーディングし、各ランクが持つもの、送るもの、混合精度で変わることを測ります。さらに、1個のプロセスとまったく同じように訓練が進むことを、勾配の累積、順伝播の明示的な先読み、2 × 2 のメッシュでの HSDP の場合も含めて確かめます。
+# - DDP、ZeRO-1、ZeRO-2、FSDP2 について、ランク 1個、2個、4個での 1ランクあたりのピークメモリ（ステップの途中でランクがいちばん多く持つ瞬間の量）を測ります。
 # - 活性化の再計算（activation checkpointing）で、計算と引き換えに活性化のメモリを減らします。
 # - シャーディングしたチェックポイントを 2個のランクから保存し、4個のランクと 1個のプロセスに読み込みます。保存を途中で強制終了しても、何も失われないことも確かめます。
 # - ここで測った数値をもとに、DDP、ZeRO-1/2/3、FSDP のどれを使うべきかを判断します。
@@ -738,7 +743,8 @@ def fsdp_run(batches, lr, learning=None, save_to=None, load_from=None):
     torch.backends.cudnn.allow_tf32 = False  # float32 convolutions on GPUs, as on the CPU
     dev, out = device(), {"world_size": dist.get_world_size(), "device": device().type}
     # the peak of the training state per rank, DDP, ZeRO-1, ZeRO-2 and FSDP2 (section 3's table)
-    out["peaks"] = sharding.peak_memory_worker(patch=7, bucket_bytes=2**16)["methods"]
+    methods = sharding.PEAK_METHODS + ("sharded step",)
+    out["peaks"] = sharding.peak_memory_worker(patch=7, bucket_bytes=2**16, methods=methods)["methods"]
 
     model = shard(make_model().to(dev))
     w = model.blocks[0].attn.q.weight
@@ -939,8 +945,9 @@ for r in (fsdp2, fsdp4):
 # モデルが収まるかどうかを決めるのは**ピーク**、つまりステップの途中でランクがいちばん多く持つ瞬間の量で、ステップのあとに残る量ではありません。`sharding.PeakMemory` は、これをテンソルそのものから測ります。`CollectiveLog` と同じくディスパッチモードで、ステップのすべての演算子（順伝播、逆伝播、集合通信、オプティマイザ）がここを通ります。演算子が 1つ終わるたびに、`sharding.training_tensors` が挙げる訓練の状態（モデルが今見せているパラメータ。FSDP2 では集めたユニットも含みます。すべての `.grad` と、シャーディングのコードが持つ勾配バッファ。オプティマイザの状態）を、ストレージごとに 1回ずつ数え、最大の合計を残します。演算子 1つ以上の間存在するテンソルについては正確で、しかも決定的です。毎回同じ演算子が同じ順序で実行されるので、数値を `assert` で確かめられます。活性化はわざと除いています。ランクあたりのバッチが同じなら、4つの方式で同じだからです。`sharding.peak_memory_worker` は、方式ごとに `sharding.data_parallel_method` でモデルを用意します。DDP と ZeRO-1 は `gradient_as_bucket_view=True` で動かします。勾配が通信用のバケットそのものになる、DDP で最もメモリの少ない設定です（既定では DDP は勾配をもう 1組持ちます）。ZeRO-2 はバケット 64 KiB の `Zero2Optimizer`、FSDP2 は上と同じ設定で、この章のシャーディングしたステップも加えます。1ステップ目で Adam の状態を作り、2ステップ目を測ります。上のランク 2個と 4個の起動でこれを実行しました。N = 1 は 1個のプロセスで測ります。
 
 # %% tags=["nbval-ignore-output"]
-peaks = {1: launch(sharding.peak_memory_worker, 1, kwargs=dict(patch=7, bucket_bytes=2**16), echo=False,
-                   timeout=300)["methods"], 2: fsdp2["peaks"], 4: fsdp4["peaks"]}
+one_rank = dict(patch=7, bucket_bytes=2**16, methods=sharding.PEAK_METHODS + ("sharded step",))
+peaks = {1: launch(sharding.peak_memory_worker, 1, kwargs=one_rank, echo=False, timeout=300)["methods"],
+         2: fsdp2["peaks"], 4: fsdp4["peaks"]}
 METHODS = sharding.PEAK_METHODS
 print(col(tr("peak bytes per rank", "1ランクのピークのバイト数"), 26) + "".join(col(m, 12, True) for m in METHODS)
       + col(tr("sharded step", "この章のステップ"), 18, True))
