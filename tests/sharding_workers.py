@@ -132,3 +132,94 @@ def save_and_get_killed(root, step, victim, dtype):
     model_state, optim_state = get_state_dict(net, opt)
     save_sharded({"model": model_state, "optim": optim_state}, root, step=step)
     return "the save finished"  # never reached
+
+
+def zero2_vs_ddp(batches, optimizer, dtype, bucket_bytes, micro=1):
+    """DDP + ``optimizer`` beside Zero2Optimizer(``optimizer``), ZeRO-2 in ``micro`` micro-batches per step.
+
+    Returns both final states, and for the last step of ZeRO-2: the parameters whose ``.grad`` survived the
+    backward pass, the reduce-scatters done during it, the number of buckets, and the bytes held after the step.
+    """
+    cls, options = OPTIMIZERS[optimizer]
+    ddp_model = model(dtype)
+    zero_model = copy.deepcopy(ddp_model)
+    ddp = DDP(ddp_model)
+    ddp_opt = cls(ddp.parameters(), **options)
+    zero_opt = sharding.Zero2Optimizer(zero_model.parameters(), cls, bucket_bytes=bucket_bytes, **options)
+    for X, y in batches:
+        X, y = _share(X.to(dtype)), _share(y)
+        ddp_opt.zero_grad()
+        nn.functional.cross_entropy(ddp(X), y).backward()
+        ddp_opt.step()
+        zero_opt.zero_grad()
+        for Xm, ym in zip(X.chunk(micro), y.chunk(micro)):  # equal chunks: the mean of their means is the mean
+            (nn.functional.cross_entropy(zero_model(Xm), ym) / micro).backward()
+        survived = [n for n, p in zero_model.named_parameters() if p.grad is not None]
+        reduced = zero_opt.reduced
+        zero_opt.step()
+    held = [None] * dist.get_world_size()
+    dist.all_gather_object(held, sharding.held_bytes(zero_model, zero_opt))
+    return {"ddp": _state(ddp_model), "zero": _state(zero_model), "held": held, "survived": survived,
+            "reduced": reduced, "buckets": [b.size for b in zero_opt.buckets]}
+
+
+def _one_block_event(log, i):
+    def hook(module, args):
+        log.calls.append((f"forward {i}", 0))
+    return hook
+
+
+def fsdp_accumulate_and_hsdp(batches, dtype, micro):
+    """On 4 ranks: FSDP2 with gradient accumulation and explicit forward prefetch, then HSDP on a 2 x 2 mesh.
+
+    Returns the final full states (rank 0), the collectives of one step of each, and the order of events
+    (all-gathers and block forwards) in the first forward pass with and without explicit prefetch.
+    """
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    out = {}
+    # FSDP2 over all 4 ranks, each global batch in `micro` micro-batches; gradients reduced only on the last one
+    net, opt = _fsdp(dtype)
+    blocks = list(net.blocks)
+    for i, block in enumerate(blocks[:-1]):
+        block.set_modules_to_forward_prefetch([blocks[i + 1]])
+    out["order_prefetch"] = _forward_order(net, blocks, batches[0], dtype)
+    for X, y in batches:
+        X, y = _share(X.to(dtype)), _share(y)
+        with sharding.CollectiveLog() as log:
+            for j, (Xm, ym) in enumerate(zip(X.chunk(micro), y.chunk(micro))):
+                net.set_requires_gradient_sync(j == micro - 1)
+                (nn.functional.cross_entropy(net(Xm), ym) / micro).backward()
+        opt.step()
+        opt.zero_grad()
+    out["accumulate"], out["accumulate_collectives"] = _full(net, opt)[0], log.summary()
+    plain, _ = _fsdp(dtype)
+    out["order_plain"] = _forward_order(plain, list(plain.blocks), batches[0], dtype)
+
+    # HSDP: shard within each pair of ranks, replicate across the pairs
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("replicate", "shard"))
+    hsdp = model(dtype)
+    for block in hsdp.blocks:
+        fully_shard(block, mesh=mesh)
+    fully_shard(hsdp, mesh=mesh)
+    opt = torch.optim.Adam(hsdp.parameters(), lr=1e-3)
+    out["placements"] = [str(p) for p in hsdp.blocks[0].attn.q.weight.placements]
+    for X, y in batches:
+        with sharding.CollectiveLog() as log:
+            nn.functional.cross_entropy(hsdp(_share(X.to(dtype))), _share(y)).backward()
+        opt.step()
+        opt.zero_grad()
+    out["hsdp"], out["hsdp_collectives"] = _full(hsdp, opt)[0], log.summary()
+    return out
+
+
+def _forward_order(net, blocks, batch, dtype):
+    """The all-gathers and block forwards of one forward pass, in the order they happened."""
+    with sharding.CollectiveLog() as log:
+        handles = [b.register_forward_pre_hook(_one_block_event(log, i)) for i, b in enumerate(blocks)]
+        with torch.no_grad():
+            net(_share(batch[0].to(dtype)))
+    for h in handles:
+        h.remove()
+    return [kind for kind, _ in log.calls]

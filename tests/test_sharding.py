@@ -10,6 +10,7 @@ real mistake (a missing average, a wrong slice: differences of 1e-3 and more aft
 same rounding is about 1e-7 relative; 1e-5 absolute on parameters of size ~0.1 after a few steps of lr 1e-3 to 0.1.
 """
 import math
+import types
 
 import pytest
 import torch
@@ -19,8 +20,8 @@ from mparlib import sharding
 from mparlib.sharded_checkpoint import latest_checkpoint, load_sharded, save_sharded
 from mparlib.errors import CheckpointError, ConfigError, WorkerFailed
 from mparlib.launch import launch
-from sharding_workers import (OPTIMIZERS, fsdp_load, fsdp_train_and_save, model, save_and_get_killed,
-                              zero_vs_ddp)
+from sharding_workers import (OPTIMIZERS, fsdp_accumulate_and_hsdp, fsdp_load, fsdp_train_and_save, model,
+                              save_and_get_killed, zero2_vs_ddp, zero_vs_ddp)
 
 
 def batches(n, size, seed=0):
@@ -111,6 +112,93 @@ def test_sharded_optimizer_equals_ddp_and_one_process(world, optimizer, dtype, t
     for held in got["held"]:
         assert held["params"] == world * S * size and held["grads"] == S * size
         assert states * S * size <= held["optimizer"] <= states * S * size + 4  # + Adam's step count (float32)
+
+
+@pytest.mark.parametrize("world, optimizer, micro", [(2, "adam", 1), (4, "adam", 2), (4, "momentum", 1)])
+def test_zero2_reduces_gradients_in_the_backward_pass_and_equals_ddp(world, optimizer, micro):
+    dtype, bucket = torch.float64, 2**16  # 64 KiB buckets: the 1.1 MB of float64 gradients make many of them
+    data = batches(3, 4 * world)
+    got = launch(zero2_vs_ddp, world, args=(data, optimizer, dtype, bucket, micro), echo=False, timeout=300)
+    reference, _ = one_process(data, optimizer, dtype)
+    assert largest_gap(reference, model(dtype).state_dict()) > 1e-3  # the steps moved the parameters
+    assert largest_gap(got["zero"], got["ddp"]) < 1e-10
+    assert largest_gap(got["zero"], reference) < 1e-10
+    # Every bucket was reduce-scattered during the backward pass (once per micro-batch), and no full gradient is
+    # left on the parameters when the backward pass ends.
+    assert len(got["buckets"]) >= 8 and got["reduced"] == micro * len(got["buckets"])
+    assert got["survived"] == []
+    # After the step a rank holds its 1/N slice of the gradients plus one bucket's buffer, never the full gradient.
+    P = sum(p.numel() for p in model().parameters())
+    largest = max(got["buckets"]) * world * 8
+    for held in got["held"]:
+        assert held["grads"] == sum(got["buckets"]) * 8 + largest
+        assert held["grads"] <= 8 * P / world + largest + 8 * world * len(got["buckets"])  # + the padding
+        assert held["params"] == sum(got["buckets"]) * world * 8
+
+
+def test_peak_memory_per_rank_orders_ddp_zero1_zero2_fsdp2():
+    # The smoke ViT (0.56 MB of float32 parameters), 64 KiB buckets. Counted by PeakMemory after every operator of
+    # the measured step: deterministic, so exact inequalities can be asserted. With P the parameter bytes:
+    # DDP holds P + P + 2P at the end of the step, ZeRO-1 P + P + 2P/N, ZeRO-2 P + P/N + one bucket + 2P/N,
+    # FSDP2 P/N + the gathered blocks + P/N + one unit's gradients + 2P/N.
+    got = {n: launch(sharding.peak_memory_worker, n, kwargs=dict(patch=7, bucket_bytes=2**16), echo=False,
+                     timeout=300) for n in (1, 2, 4)}
+    P = 4 * sum(p.numel() for p in model().parameters())
+    peak = {n: {m: r["methods"][m]["peak_bytes_per_rank"] for m in sharding.PEAK_METHODS} for n, r in got.items()}
+    for method, value in peak[1].items():  # one rank: nothing is sharded, every method holds 16 bytes per parameter
+        assert 4 * P <= value <= 4 * P * 1.1, method
+    for n in (2, 4):
+        p = peak[n]
+        assert p["FSDP2"] < p["ZeRO-2"] < p["ZeRO-1"] < p["DDP"], (n, p)
+        assert p["DDP"] >= 4 * P and p["ZeRO-1"] >= 2 * P + 2 * P / n
+        # The goal: gradients at most 1/N, plus one bucket (64 KiB, or the largest parameter, 64 KiB too), plus the
+        # one parameter's gradient autograd has just produced, plus the padding of the buckets' slices.
+        largest = 4 * max(p.numel() for p in model().parameters())
+        for rank in got[n]["methods"]["ZeRO-2"]["per_rank"]:
+            assert rank["parts"]["grads"] <= P / n + max(2**16, largest) + largest + 4 * n * 64
+    assert peak[4]["ZeRO-2"] < peak[2]["ZeRO-2"] and peak[4]["FSDP2"] < peak[2]["FSDP2"]
+    # The peak is not what is left after the step: ZeRO-2's gradient buffer and FSDP2's gathered blocks are gone.
+    for n in (2, 4):
+        fsdp = got[n]["methods"]["FSDP2"]["per_rank"][0]
+        assert sum(fsdp["after"].values()) < fsdp["peak"]
+
+
+def test_fsdp2_accumulation_prefetch_and_hsdp_equal_one_process():
+    dtype = torch.float64
+    data = batches(3, 16)
+    got = launch(fsdp_accumulate_and_hsdp, 4, args=(data, dtype, 2), echo=False, timeout=300)
+    reference, _ = one_process(data, "adam", dtype)
+    assert largest_gap(reference, model(dtype).state_dict()) > 1e-3
+    assert largest_gap(got["accumulate"], reference) < 1e-10
+    assert largest_gap(got["hsdp"], reference) < 1e-10
+    # Accumulation: both micro-batches gather the parameters, only the last one reduce-scatters (5 units).
+    assert got["accumulate_collectives"]["reduce_scatter"]["calls"] == 5
+    assert got["accumulate_collectives"]["all_gather"]["calls"] == 2 * (5 + 4)
+    # HSDP on (replicate 2, shard 2): gathered and reduce-scattered within a pair, then all-reduced across pairs.
+    assert got["placements"] == ["R", "S(0)"]  # Replicate() across the pairs, Shard(0) within
+    c = got["hsdp_collectives"]
+    assert c["all_gather"]["calls"] == 5 + 4 and c["reduce_scatter"]["calls"] == 5 and c["all_reduce"]["calls"] == 5
+    # Explicit forward prefetch: block i + 1 is gathered before block i computes.
+    def gathers_before(order, i):
+        return order[:order.index(f"forward {i}")].count("all_gather")
+
+    for i in range(3):
+        assert gathers_before(got["order_prefetch"], i) == i + 3  # the root, blocks 0..i and block i + 1
+        assert gathers_before(got["order_plain"], i) == i + 2  # the root and blocks 0..i
+
+
+def test_tensor_collectives_take_the_new_names_and_fall_back_to_the_old():
+    new_rs, new_ag, old_rs, old_ag = (lambda *a, **k: None for _ in range(4))  # four distinct functions
+    both = types.SimpleNamespace(reduce_scatter_single=new_rs, all_gather_single=new_ag,
+                                 reduce_scatter_tensor=old_rs, all_gather_into_tensor=old_ag)
+    assert sharding.tensor_collectives(both) == (new_rs, new_ag)
+    before_2_13 = types.SimpleNamespace(reduce_scatter_tensor=old_rs, all_gather_into_tensor=old_ag)
+    assert sharding.tensor_collectives(before_2_13) == (old_rs, old_ag)
+    with pytest.raises(ConfigError, match="torch 2.6 or newer"):
+        sharding.tensor_collectives(types.SimpleNamespace(reduce_scatter_tensor=old_rs))
+    import torch.distributed as dist
+    expected = "reduce_scatter_single" if hasattr(dist, "reduce_scatter_single") else "reduce_scatter_tensor"
+    assert sharding.tensor_collectives()[0] is getattr(dist, expected)
 
 
 # ------------------------------------------------------------------------------------------------ FSDP2 and checkpoints

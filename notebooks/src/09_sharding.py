@@ -15,9 +15,13 @@
 #
 # - count where the memory of training goes, byte by byte, for published model sizes and for our own model,
 # - build ZeRO from the collectives of chapter 8 (reduce-scatter the gradients, update one shard, all-gather the
-#   parameters), prove it computes exactly what DDP computes, and measure it beside PyTorch's ZeRO-1,
+#   parameters), prove it computes exactly what DDP computes, and measure it beside PyTorch's ZeRO-1, then build a
+#   real ZeRO-2, whose gradients are reduce-scattered bucket by bucket during the backward pass,
 # - shard the model with FSDP2's `fully_shard` on 1, 2 and 4 processes and measure what each rank holds, what it
-#   sends, and what mixed precision changes; and check that it trains exactly like one process,
+#   sends, and what mixed precision changes; and check that it trains exactly like one process, also with gradient
+#   accumulation, with explicit forward prefetch and as HSDP on a 2 x 2 mesh,
+# - measure the peak memory per rank, the most a rank holds at any moment of a step, of DDP, ZeRO-1, ZeRO-2 and FSDP2
+#   on 1, 2 and 4 ranks,
 # - trade computation for activation memory with activation checkpointing,
 # - save a sharded checkpoint from 2 ranks and load it into 4 ranks and into one process, and kill a save
 #   half-way to see that nothing is lost,
@@ -30,8 +34,9 @@
 # **シャーディング**は、このコピーを N 個に切り分けてランクごとに 1片ずつ持たせ、足りない部分は必要になる直前に通信で取り寄せます。これが ZeRO（DeepSpeed の Zero Redundancy Optimizer）と PyTorch の FSDP（Fully Sharded Data Parallel）です。モデルはこの章用の小さな Vision Transformer で、Fashion-MNIST を学習します。その Transformer ブロックが、FSDP がシャーディングする単位になります。すべて `gloo` を使う CPU のプロセスで動き、GPU では `nccl` で動きます。この章では次のことを学びます。
 #
 # - 訓練のメモリがどこに使われるのかを、公表されているモデルの大きさとこの章のモデルについて、バイト単位で数えます。
-# - 8章の集合通信から ZeRO を作ります（勾配をリデュース・スキャッター（reduce-scatter）し、1片だけを更新し、パラメータをオールギャザー（all-gather）します）。DDP とまったく同じ計算になることを証明し、PyTorch の ZeRO-1 と並べて測ります。
-# - FSDP2 の `fully_shard` でモデルを 1個、2個、4個のプロセスにシャーディングし、各ランクが持つもの、送るもの、混合精度で変わることを測ります。さらに、1個のプロセスとまったく同じように訓練が進むことを確かめます。
+# - 8章の集合通信から ZeRO を作ります（勾配をリデュース・スキャッター（reduce-scatter）し、1片だけを更新し、パラメータをオールギャザー（all-gather）します）。DDP とまったく同じ計算になることを証明し、PyTorch の ZeRO-1 と並べて測ります。さらに、逆伝播の途中でバケットごとに勾配をリデュース・スキャッターする本当の ZeRO-2 を作ります。
+# - FSDP2 の `fully_shard` でモデルを 1個、2個、4個のプロセスにシャーディングし、各ランクが持つもの、送るもの、混合精度で変わることを測ります。さらに、1個のプロセスとまったく同じように訓練が進むことを、勾配の累積、順伝播の明示的な先読み、2 × 2 のメッシュでの HSDP の場合も含めて確かめます。
+# - DDP、ZeRO-1、ZeRO-2、FSDP2 について、ランク 1個、2個、4個での 1ランクあたりのピークメモリ（ステップの途中でランクがいちばん多く持つ瞬間の量）を測ります。
 # - 活性化の再計算（activation checkpointing）で、計算と引き換えに活性化のメモリを減らします。
 # - シャーディングしたチェックポイントを 2個のランクから保存し、4個のランクと 1個のプロセスに読み込みます。保存を途中で強制終了しても、何も失われないことも確かめます。
 # - ここで測った数値をもとに、DDP、ZeRO-1/2/3、FSDP のどれを使うべきかを判断します。
@@ -230,11 +235,20 @@ assert single["optimizer"] == predicted["optimizer"] + 4 * steps
 # yet ZeRO stage 2, whose point is the gradients' memory: `sharded_step` below first copies every `p.grad` into a
 # full-size flat buffer, so while it does, a rank holds the full gradient twice: twice the gradient bytes counted for
 # DDP below (about what DDP itself holds with its communication buckets, unless `gradient_as_bucket_view=True`). It
-# shards the optimizer step, not the gradients' memory. A real ZeRO-2 reduce-scatters the gradients during the
-# backward pass, bucket by bucket, so that the full gradient never exists at once on a rank. For an optimizer that
-# works element by element (SGD, Adam, AdamW), updating slices is the same arithmetic as updating everything, so the
-# parameters must come out **exactly** as DDP's. (One that looks at whole tensors, like clipping by the global
-# gradient norm, needs one more all-reduce of a single number.)
+# shards the optimizer step, not the gradients' memory: it is ZeRO-1, written from primitives.
+#
+# A real **ZeRO-2** reduce-scatters the gradients during the backward pass, bucket by bucket, so that the full
+# gradient never exists at once on a rank. `mparlib.sharding.Zero2Optimizer` does it in about 80 lines. It groups
+# the parameters into buckets (in reverse order, since the backward pass produces the last layers' gradients
+# first), moves each bucket's parameters into a flat buffer, and registers a hook on every parameter with
+# `register_post_accumulate_grad_hook`. Autograd calls the hook as soon as that parameter's gradient is complete;
+# the hook adds it into one persistent gradient buffer, the size of one bucket, and frees it (`p.grad = None`).
+# When a bucket's last gradient has arrived, the buffer is reduce-scattered, rank r keeps the mean of its slice,
+# and the next bucket reuses the buffer. After the backward pass a rank holds 1/N of the gradients and one bucket;
+# `step()` updates its slices and all-gathers every bucket into the parameters. For an optimizer that works
+# element by element (SGD, Adam, AdamW), updating slices is the same arithmetic as updating everything, so both
+# must give **exactly** DDP's parameters. (One that looks at whole tensors, like clipping by the global gradient
+# norm, needs one more all-reduce of a single number.)
 #
 # The worker cell below writes it with `torch.distributed` directly: `reduce_scatter_single` and `all_gather_single`
 # are the tensor forms of chapter 8's `reduce_scatter` and `all_gather`, under the names that PyTorch 2.13 gave
@@ -242,9 +256,11 @@ assert single["optimizer"] == predicted["optimizer"] + 4 * steps
 # back to them on older releases, and chapter 8's tour calls the old names, which every release has). gloo supports
 # both on CPU tensors. `flatten` moves the model's parameters into one flat buffer, each parameter becoming a view of
 # its stretch, so that the all-gather writes straight into the parameters, and rank r's slice is a view too: the
-# optimizer updates the buffer in place. `compare` trains the same model four ways on the same batches: DDP, this
-# sharded step, the same algorithm as packaged in `mparlib.sharding.ShardedOptimizer` (which the tests and the
-# benchmark use), and PyTorch's `ZeroRedundancyOptimizer`.
+# optimizer updates the buffer in place. `compare` trains the same model five ways on the same batches: DDP, this
+# sharded step, the same algorithm as packaged in `mparlib.sharding.ShardedOptimizer`, PyTorch's
+# `ZeroRedundancyOptimizer`, and the real ZeRO-2, `Zero2Optimizer`, with buckets of 64 KiB (the model's 0.56 MB of
+# gradients make 13 of them). `mparlib.sharding.tensor_collectives()` makes the same choice of names as the
+# worker's first lines, for the library's own code.
 # <!-- ja -->
 # ## プリミティブから作る ZeRO
 #
@@ -256,9 +272,11 @@ assert single["optimizer"] == predicted["optimizer"] + 4 * steps
 # 2. ランク r はスライス r だけについてオプティマイザを実行します。そのため、オプティマイザの状態もスライス r の分だけを持ちます。
 # 3. 更新したスライスをオールギャザーします。すべてのランクが、再びすべての新しいパラメータを持ちます。
 #
-# 送るバイト数は DDP のオールリデュースと同じです（もともとリデュース・スキャッターとオールギャザーだったからです）。そして各ランクが持ち続けるのは、オプティマイザの状態の 1/N（ZeRO のステージ 1）と、ステップが終わったあとの勾配の 1/N です。ただし、これはまだ ZeRO のステージ 2 ではありません。ステージ 2 の目的は勾配のメモリですが、下の `sharded_step` はまずすべての `p.grad` をモデル全体の大きさのフラットなバッファにコピーするので、その間ランクは完全な勾配を 2組持ちます。下で DDP について数える勾配のバイト数の 2倍です（DDP 自身も、`gradient_as_bucket_view=True` にしなければ通信用のバケットにもう 1組持つので、それとほぼ同じです）。シャーディングしているのはオプティマイザのステップで、勾配のメモリではありません。本当の ZeRO-2 は、逆伝播の途中でバケットごとに勾配をリデュース・スキャッターするので、完全な勾配が一度にランク上にそろうことはありません。要素ごとに計算するオプティマイザ（SGD、Adam、AdamW）なら、スライスごとに更新しても全体を更新しても計算は同じなので、パラメータは DDP と**完全に**一致するはずです（勾配全体のノルムでクリッピングするように、テンソル全体を見る処理には、数 1つのオールリデュースがもう 1回必要です）。
+# 送るバイト数は DDP のオールリデュースと同じです（もともとリデュース・スキャッターとオールギャザーだったからです）。そして各ランクが持ち続けるのは、オプティマイザの状態の 1/N（ZeRO のステージ 1）と、ステップが終わったあとの勾配の 1/N です。ただし、これはまだ ZeRO のステージ 2 ではありません。ステージ 2 の目的は勾配のメモリですが、下の `sharded_step` はまずすべての `p.grad` をモデル全体の大きさのフラットなバッファにコピーするので、その間ランクは完全な勾配を 2組持ちます。下で DDP について数える勾配のバイト数の 2倍です（DDP 自身も、`gradient_as_bucket_view=True` にしなければ通信用のバケットにもう 1組持つので、それとほぼ同じです）。シャーディングしているのはオプティマイザのステップで、勾配のメモリではありません。これはプリミティブで書いた ZeRO-1 です。
 #
-# 下のワーカーのセルでは、これを `torch.distributed` で直接書きます。`reduce_scatter_single` と `all_gather_single` は、8章の `reduce_scatter` と `all_gather` のテンソル版で、PyTorch 2.13 で `reduce_scatter_tensor` と `all_gather_into_tensor` に付けられた新しい名前です（古い名前には非推奨の警告が出ます。それより前のリリースでは、ワーカーは古い名前を使います。8章の `tour` は、どのリリースにもある古い名前を使っています）。gloo は CPU のテンソルでどちらにも対応しています。`flatten` はモデルのパラメータを 1本のフラットなバッファに移し、各パラメータをバッファの自分の区間のビューにします。こうするとオールギャザーの結果がそのままパラメータに書き込まれます。ランク r のスライスもビューなので、オプティマイザはバッファをその場で更新します。`compare` は同じモデルを同じバッチで 4通りの方法で訓練します。DDP、このシャーディングしたステップ、同じアルゴリズムを `mparlib.sharding.ShardedOptimizer` にまとめたもの（テストとベンチマークで使います）、そして PyTorch の `ZeroRedundancyOptimizer` です。
+# 本当の **ZeRO-2** は、逆伝播の途中でバケットごとに勾配をリデュース・スキャッターするので、完全な勾配が一度にランク上にそろうことはありません。`mparlib.sharding.Zero2Optimizer` は、これを 80行ほどで実装しています。パラメータをバケットに分け（逆伝播は最後の層の勾配から先に作るので、逆の順序で分けます）、各バケットのパラメータをフラットなバッファに移し、すべてのパラメータに `register_post_accumulate_grad_hook` でフックを登録します。autograd は、そのパラメータの勾配ができあがるとすぐにフックを呼びます。フックは勾配を、バケット 1つ分の大きさの永続的な勾配バッファに足し込み、元の勾配を解放します（`p.grad = None`）。バケットの最後の勾配が届いたらバッファをリデュース・スキャッターし、ランク r は自分のスライスの平均を残し、次のバケットが同じバッファを使います。逆伝播のあと、ランクが持つのは勾配の 1/N とバケット 1つ分です。`step()` は自分のスライスを更新し、すべてのバケットをパラメータにオールギャザーします。要素ごとに計算するオプティマイザ（SGD、Adam、AdamW）なら、スライスごとに更新しても全体を更新しても計算は同じなので、どちらのパラメータも DDP と**完全に**一致するはずです（勾配全体のノルムでクリッピングするように、テンソル全体を見る処理には、数 1つのオールリデュースがもう 1回必要です）。
+#
+# 下のワーカーのセルでは、これを `torch.distributed` で直接書きます。`reduce_scatter_single` と `all_gather_single` は、8章の `reduce_scatter` と `all_gather` のテンソル版で、PyTorch 2.13 で `reduce_scatter_tensor` と `all_gather_into_tensor` に付けられた新しい名前です（古い名前には非推奨の警告が出ます。それより前のリリースでは、ワーカーは古い名前を使います。8章の `tour` は、どのリリースにもある古い名前を使っています）。gloo は CPU のテンソルでどちらにも対応しています。`flatten` はモデルのパラメータを 1本のフラットなバッファに移し、各パラメータをバッファの自分の区間のビューにします。こうするとオールギャザーの結果がそのままパラメータに書き込まれます。ランク r のスライスもビューなので、オプティマイザはバッファをその場で更新します。`compare` は同じモデルを同じバッチで 5通りの方法で訓練します。DDP、このシャーディングしたステップ、同じアルゴリズムを `mparlib.sharding.ShardedOptimizer` にまとめたもの、PyTorch の `ZeroRedundancyOptimizer`、そして本当の ZeRO-2 である `Zero2Optimizer`（バケットは 64 KiB。このモデルの 0.56 MB の勾配は 13個のバケットになります）です。ライブラリの中では、`mparlib.sharding.tensor_collectives()` がワーカーの最初の数行と同じ名前の選び方をします。
 
 # %%
 # %%worker zero_workers
@@ -337,7 +355,7 @@ def _run(model, batches, step, zero_grad):
 
 
 def compare(batches, lr):
-    """The same training four ways: DDP + Adam, the sharded step above, mparlib's ShardedOptimizer, ZeRO-1."""
+    """The same training five ways: DDP + Adam, the sharded step above, ShardedOptimizer, ZeRO-1, ZeRO-2."""
     torch.backends.cudnn.allow_tf32 = False  # float32 convolutions on GPUs, as on the CPU
     dev, out = device(), {}
 
@@ -378,6 +396,13 @@ def compare(batches, lr):
     opt = ZeroRedundancyOptimizer(ddp.parameters(), optimizer_class=torch.optim.Adam, lr=lr)
     log, times = _run(ddp, batches, opt.step, opt.zero_grad)
     record("ZeroRedundancyOptimizer", model, sharding.held_bytes(model, opt), log, times)
+
+    # ZeRO-2: the gradients are reduce-scattered bucket by bucket during the backward pass, then freed
+    model = make_model().to(dev)
+    opt = sharding.Zero2Optimizer(model.parameters(), torch.optim.Adam, bucket_bytes=2**16, lr=lr)
+    log, times = _run(model, batches, opt.step, opt.zero_grad)
+    record("Zero2Optimizer", model, sharding.held_bytes(model, opt), log, times)
+    out["Zero2Optimizer"]["buckets"] = len(opt.buckets)
     return out
 
 # %% [markdown]
@@ -428,7 +453,7 @@ for name, r in zero.items():
 
 # %% [markdown]
 # <!-- en -->
-# All four give the same parameters as DDP, to the last bit on a CPU (the assertion allows 1e-6: the ranks
+# All five give the same parameters as DDP, to the last bit on a CPU (the assertion allows 1e-6: the ranks
 # compute the same gradients, and the only freedom left is the order in which N gradients are summed, which
 # costs at most a few units of float32's last digit, about 1e-7 relative, per step).
 #
@@ -442,7 +467,7 @@ for name, r in zero.items():
 # the FSDP check below compares losses; `tests/test_sharding.py` compares parameters in float64, where the noise
 # is far below `eps` and every parameter agrees within 1e-10.
 # <!-- ja -->
-# 4通りとも DDP と同じパラメータになり、CPU では最後のビットまで一致します（`assert` は 1e-6 まで許します。ランクは同じ勾配を計算するので、残る違いは N 個の勾配を足す順序だけで、その影響は 1ステップあたり float32 の最後の桁の数単位、相対誤差にして約 1e-7 以下です）。
+# 5通りとも DDP と同じパラメータになり、CPU では最後のビットまで一致します（`assert` は 1e-6 まで許します。ランクは同じ勾配を計算するので、残る違いは N 個の勾配を足す順序だけで、その影響は 1ステップあたり float32 の最後の桁の数単位、相対誤差にして約 1e-7 以下です）。
 #
 # 1個のプロセスと比べたときの結果には、知っておきたい点があります。ほとんどのパラメータは 1e-5 以内で一致します（float32 の丸め誤差です。2個のランクは 32枚をまとめてではなく 16枚ずつ損失を計算します）。例外は**キーのバイアス** `blocks.*.attn.k.bias` で、最大で 1e-4 ほど違います。キーのバイアスは、あるクエリのアテンションスコアすべてに同じ数を足しますが、softmax はそのようなずれを無視するので、本当の勾配はちょうど 0 です。オプティマイザに届くのは 1e-9 ほどの丸め誤差だけですが、Adam は各勾配をそれ自身の移動平均の大きさ（`sqrt(exp_avg_sq) + eps`、`eps = 1e-8`）で割ります。そのため、この大きさの誤差が学習率の 10分の 1 ほどの更新になり、その向きは丸め方しだいで決まります。このようなパラメータは損失をまったく変えません。このあとの FSDP の確認で損失を比べるのはそのためです。`tests/test_sharding.py` では float64 でパラメータを比べます。float64 では誤差が `eps` よりはるかに小さく、すべてのパラメータが 1e-10 以内で一致します。
 
@@ -472,19 +497,25 @@ for name in ("sharded_step", "ShardedOptimizer"):
         assert held["grads"] == single["grads"] // 2 and held["optimizer"] <= single["optimizer"] // 2 + 4
 assert zero["sharded_step"]["held"] == zero["ShardedOptimizer"]["held"]
 assert sum(h["optimizer"] for h in zero["ZeroRedundancyOptimizer"]["held"]) == single["optimizer"]
+buckets = zero["Zero2Optimizer"]["buckets"]
+for held in zero["Zero2Optimizer"]["held"]:  # half the gradients (+ padding) and one bucket's buffer of <= 64 KiB
+    assert single["grads"] // 2 < held["grads"] <= single["grads"] // 2 + 2**16 + 8 * buckets
+    assert held["optimizer"] <= single["optimizer"] // 2 + 4 * buckets + 8 * buckets
 
 # %% [markdown]
 # <!-- en -->
 # After the step, the sharded step holds half the gradients and half of Adam's state: 62% of DDP's bytes on 2 ranks,
 # and 1/4 + 3/4 x 1/N of them on N ranks (the parameters stay whole). These are the bytes held after the step; during
-# the step it held the full gradients twice, as said above, and no cell here measures that peak. PyTorch's
-# `ZeroRedundancyOptimizer` is ZeRO-1: it
+# the step it held the full gradients twice, as said above, which the peaks of section 3 show. `Zero2Optimizer`
+# holds after the step the same half of the gradients and of Adam's state, plus its one gradient buffer (64 KiB,
+# kept for the next backward pass), and during the step never more gradients than that plus the one parameter
+# gradient autograd has just produced. PyTorch's `ZeroRedundancyOptimizer` is ZeRO-1: it
 # shards the optimizer state, but by whole parameter tensors, assigned greedily to balance the ranks (hence the
 # uneven split), and it keeps DDP's full gradients. The collectives of one step, recorded by
 # `sharding.CollectiveLog` (it watches the `c10d` operators that every `torch.distributed` collective reaches
 # PyTorch's dispatcher through), and the step times:
 # <!-- ja -->
-# ステップのあと、シャーディングしたステップが持つ勾配と Adam の状態は半分です。ランク 2個なら DDP の 62% で、ランク N 個なら 1/4 + 3/4 × 1/N です（パラメータは丸ごと残ります）。これはステップのあとに持っている量です。ステップの途中では、上で述べたとおり完全な勾配を 2組持っていました。そのピークを測るセルはありません。PyTorch の `ZeroRedundancyOptimizer` は ZeRO-1 です。オプティマイザの状態をシャーディングしますが、パラメータのテンソル単位で、ランクの負担がそろうように貪欲に割り当てます（分け方が均等でないのはそのためです）。勾配は DDP と同じく全体を持ちます。1ステップの集合通信を `sharding.CollectiveLog` で記録したもの（`torch.distributed` の集合通信はどれも、PyTorch のディスパッチャを `c10d` の演算子として通ります。これを見張っています）と、ステップの時間を示します。
+# ステップのあと、シャーディングしたステップが持つ勾配と Adam の状態は半分です。ランク 2個なら DDP の 62% で、ランク N 個なら 1/4 + 3/4 × 1/N です（パラメータは丸ごと残ります）。これはステップのあとに持っている量です。ステップの途中では、上で述べたとおり完全な勾配を 2組持っていました。3節で測るピークにそれが表れます。`Zero2Optimizer` がステップのあとに持つのも、同じく勾配と Adam の状態の半分と、勾配バッファ 1つ（64 KiB。次の逆伝播のために残します）です。ステップの途中でも、勾配はこれに autograd が作ったばかりのパラメータ 1つ分の勾配を加えた量を超えません。PyTorch の `ZeroRedundancyOptimizer` は ZeRO-1 です。オプティマイザの状態をシャーディングしますが、パラメータのテンソル単位で、ランクの負担がそろうように貪欲に割り当てます（分け方が均等でないのはそのためです）。勾配は DDP と同じく全体を持ちます。1ステップの集合通信を `sharding.CollectiveLog` で記録したもの（`torch.distributed` の集合通信はどれも、PyTorch のディスパッチャを `c10d` の演算子として通ります。これを見張っています）と、ステップの時間を示します。
 
 # %% tags=["nbval-ignore-output"]
 print(col(tr("method", "方式"), 25)
@@ -498,16 +529,20 @@ for name, r in zero.items():
 for name in ("sharded_step", "ShardedOptimizer"):
     assert zero[name]["collectives"] == {"reduce_scatter": {"calls": 1, "bytes": single["params"]},
                                          "all_gather": {"calls": 1, "bytes": single["params"]}}
+for kind in ("reduce_scatter", "all_gather"):  # ZeRO-2: one of each per bucket, the model's bytes (+ padding) in all
+    c = zero["Zero2Optimizer"]["collectives"][kind]
+    assert c["calls"] == buckets and single["params"] <= c["bytes"] <= single["params"] + 8 * buckets
 
 # %% [markdown]
 # <!-- en -->
 # DDP sends its gradients in one all-reduce (the model fits in one bucket); the sharded step sends the same bytes
-# as one reduce-scatter and one all-gather. ZeRO-1 adds one broadcast per parameter tensor (71 of them) after
+# as one reduce-scatter and one all-gather, and ZeRO-2 as 13 of each, the reduce-scatters during the backward pass,
+# one as each bucket completes, where they can overlap the rest of the backward computation. ZeRO-1 adds one broadcast per parameter tensor (71 of them) after
 # DDP's all-reduce: the same bytes again, in many small messages. On a CPU the times are dominated by the small
 # model's compute and by the noise of other programs; with a model of billions of parameters on GPUs, what
 # matters is that sharding the optimizer costs no extra bytes on the wire.
 # <!-- ja -->
-# DDP は勾配を 1回のオールリデュースで送ります（このモデルは 1つのバケットに収まります）。シャーディングしたステップは、同じバイト数を 1回のリデュース・スキャッターと 1回のオールギャザーで送ります。ZeRO-1 は DDP のオールリデュースのあとに、パラメータのテンソルごとに 1回（71回）ブロードキャストします。バイト数は同じだけ増え、しかも多数の小さなメッセージになります。CPU での時間は、小さなモデルの計算と他のプログラムによるばらつきで決まってしまいます。数十億パラメータのモデルを GPU で訓練するときに大切なのは、オプティマイザをシャーディングしても通信のバイト数が増えないことです。
+# DDP は勾配を 1回のオールリデュースで送ります（このモデルは 1つのバケットに収まります）。シャーディングしたステップは、同じバイト数を 1回のリデュース・スキャッターと 1回のオールギャザーで送ります。ZeRO-2 はそれぞれ 13回に分けて送ります。リデュース・スキャッターは逆伝播の途中で、バケットが 1つそろうたびに行うので、残りの逆伝播の計算と重ねられます。ZeRO-1 は DDP のオールリデュースのあとに、パラメータのテンソルごとに 1回（71回）ブロードキャストします。バイト数は同じだけ増え、しかも多数の小さなメッセージになります。CPU での時間は、小さなモデルの計算と他のプログラムによるばらつきで決まってしまいます。数十億パラメータのモデルを GPU で訓練するときに大切なのは、オプティマイザをシャーディングしても通信のバイト数が増えないことです。
 
 # %% [markdown]
 # <!-- en -->
@@ -530,9 +565,10 @@ for name in ("sharded_step", "ShardedOptimizer"):
 # (`reshard_after_forward=True`); before its backward, all-gather them once more; after the backward,
 # reduce-scatter its gradients, so that each rank keeps the gradient of its own shard. The optimizer then updates
 # shards, with state for shards. Sharding block by block is what keeps the memory low: the full parameters of only a
-# few blocks exist at once. Not of one block, though: FSDP2 prefetches, starting the all-gather of the next block
-# while the current one computes, so during the forward and the backward pass at least two blocks' full parameters
-# exist at the same time.
+# few blocks exist at once. Not of one block, though: in the backward pass FSDP2 prefetches, starting the all-gather
+# of the next block while the current one computes, so two blocks' full parameters exist at the same time. In the
+# forward pass it issues each all-gather only when the block is reached, and the overlap comes from the CPU running
+# ahead of the GPU's kernels; section 3 asks for an explicit forward prefetch and shows the order that results.
 #
 # The worker below shards the chapter's model this way (the root's `reshard_after_forward` keeps its default,
 # which does not free the root's parameters after the forward, since the backward needs them at once), and one
@@ -552,7 +588,7 @@ for name in ("sharded_step", "ShardedOptimizer"):
 # optimizer = torch.optim.Adam(model.parameters())   # シャーディングの後に作る。オプティマイザにはシャードが見える
 # ```
 #
-# `fully_shard` のあと、パラメータはどれも `DTensor` になります。ランクにどう分割されているかを知っているテンソルで（`Shard(0)` は 0次元目で切ることを表します）、`.to_local()` がこのランクの保存している部分です。FSDP は各ユニットの周りにフックを付けます。順伝播の前にパラメータをオールギャザーし、順伝播のあとで再び解放します（`reshard_after_forward=True`）。逆伝播の前にもう一度オールギャザーし、逆伝播のあとで勾配をリデュース・スキャッターして、各ランクは自分のシャードの勾配だけを持ちます。オプティマイザはシャードを更新し、状態もシャードの分だけを持ちます。ブロックごとにシャーディングすることが、メモリを少なく保つ鍵です。一度に完全なパラメータが存在するのは、いくつかのブロックの分だけです。ただし、1ブロック分だけではありません。FSDP2 は先読み（prefetch）をして、今のブロックの計算中に次のブロックのオールギャザーを始めるので、順伝播でも逆伝播でも、少なくとも 2ブロック分の完全なパラメータが同時に存在します。
+# `fully_shard` のあと、パラメータはどれも `DTensor` になります。ランクにどう分割されているかを知っているテンソルで（`Shard(0)` は 0次元目で切ることを表します）、`.to_local()` がこのランクの保存している部分です。FSDP は各ユニットの周りにフックを付けます。順伝播の前にパラメータをオールギャザーし、順伝播のあとで再び解放します（`reshard_after_forward=True`）。逆伝播の前にもう一度オールギャザーし、逆伝播のあとで勾配をリデュース・スキャッターして、各ランクは自分のシャードの勾配だけを持ちます。オプティマイザはシャードを更新し、状態もシャードの分だけを持ちます。ブロックごとにシャーディングすることが、メモリを少なく保つ鍵です。一度に完全なパラメータが存在するのは、いくつかのブロックの分だけです。ただし、1ブロック分だけではありません。逆伝播では FSDP2 は先読み（prefetch）をして、今のブロックの計算中に次のブロックのオールギャザーを始めるので、2ブロック分の完全なパラメータが同時に存在します。順伝播では、各オールギャザーはそのブロックに着いたときに発行され、重なりは CPU が GPU のカーネルより先に進むことから生まれます。3節では順伝播の明示的な先読みを指定し、その結果の順序を示します。
 #
 # 下のワーカーは、この章のモデルをこの方法でシャーディングします（ルートの `reshard_after_forward` は既定値のままにします。逆伝播がすぐにルートのパラメータを必要とするので、既定値では順伝播のあとも解放しません）。1回の起動でいくつもの測定をします。DTensor になったパラメータ、Adam の 10ステップと各ランクが持つバイト数と 1ステップの集合通信、`reshard_after_forward=False` での同じ測定、bfloat16 の混合精度、そして活性化の再計算（4節）です。さらに 2ランクの起動ではモデルを Fashion-MNIST で訓練して、シャーディングしたチェックポイントを保存します。4ランクの起動はそれを読み込みます（5節）。
 
@@ -653,10 +689,62 @@ def learn(model, lr, images, batch, epochs):
 FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)  # the whole state, gathered on rank 0
 
 
+def accumulate(batches, lr, micro=2):
+    """FSDP2 with explicit forward prefetch, each batch in micro-batches: the losses, collectives, gather order."""
+    model = shard(make_model().to(device()))
+    blocks = list(model.blocks)
+    for block, following in zip(blocks, blocks[1:]):
+        block.set_modules_to_forward_prefetch([following])  # gather the next block when this one starts
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    out = {"order": forward_order(model, batches[0][0])}
+    out["order_default"] = forward_order(shard(make_model().to(device())), batches[0][0])
+    losses = []
+    for X, y in batches:
+        X, y, loss = share(X), share(y), 0.0
+        with sharding.CollectiveLog() as log:
+            for i, (Xm, ym) in enumerate(zip(X.chunk(micro), y.chunk(micro))):
+                model.set_requires_gradient_sync(i == micro - 1)  # reduce-scatter on the last micro-batch only
+                part = nn.functional.cross_entropy(model(Xm), ym) / micro
+                part.backward()
+                loss += part.detach()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(mean_over_ranks(loss))
+    return losses, log.summary(), out
+
+
+def forward_order(model, X):
+    """The all-gathers (AG) and block forwards (F0, F1, ...) of one forward pass, in the order they were issued."""
+    with sharding.CollectiveLog() as log:
+        hooks = [b.register_forward_pre_hook(lambda m, a, i=i: log.calls.append((f"F{i}", 0)))
+                 for i, b in enumerate(model.blocks)]
+        with torch.no_grad():
+            model(share(X))
+    for h in hooks:
+        h.remove()
+    return ["AG" if kind == "all_gather" else kind for kind, _ in log.calls]
+
+
+def hsdp(batches, lr):
+    """HSDP on 4 ranks: shard within each pair of ranks, replicate across the 2 pairs; losses and collectives."""
+    mesh = init_device_mesh(device().type, (2, 2), mesh_dim_names=("replicate", "shard"))
+    model = make_model().to(device())
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    w = model.blocks[0].attn.q.weight
+    placements = [str(p) for p in w.placements], list(w.to_local().shape)
+    losses, _, collectives = train_steps(model, batches, lr)
+    return losses, collectives, placements
+
+
 def fsdp_run(batches, lr, learning=None, save_to=None, load_from=None):
     """FSDP2 on this world: shards, memory, collectives, mixed precision, checkpointing; then learn/save or load."""
     torch.backends.cudnn.allow_tf32 = False  # float32 convolutions on GPUs, as on the CPU
     dev, out = device(), {"world_size": dist.get_world_size(), "device": device().type}
+    # the peak of the training state per rank, DDP, ZeRO-1, ZeRO-2 and FSDP2 (section 3's table)
+    methods = sharding.PEAK_METHODS + ("sharded step",)
+    out["peaks"] = sharding.peak_memory_worker(patch=7, bucket_bytes=2**16, methods=methods)["methods"]
 
     model = shard(make_model().to(dev))
     w = model.blocks[0].attn.q.weight
@@ -681,6 +769,11 @@ def fsdp_run(batches, lr, learning=None, save_to=None, load_from=None):
     net = make_model().to(dev)
     net.blocks = nn.ModuleList(Checkpointed(b) for b in net.blocks)
     out["losses_checkpointed"], _, _ = train_steps(shard(net), batches[:3], lr)
+
+    # Gradient accumulation (2 micro-batches per step) with explicit forward prefetch; HSDP on a 2 x 2 mesh
+    out["losses_accumulated"], out["collectives_accumulated"], out["prefetch"] = accumulate(batches[:3], lr)
+    if dist.get_world_size() == 4:
+        out["losses_hsdp"], out["collectives_hsdp"], out["hsdp_placements"] = hsdp(batches[:3], lr)
 
     if learning is not None:  # train for real, then save a sharded checkpoint of model and optimizer
         learner = shard(make_model().to(dev))
@@ -824,8 +917,96 @@ for r in (fsdp2, fsdp4):
 # state (plus one step count per parameter tensor and rank). These counts are what is held after the step, not a peak:
 # during the forward and backward passes a rank also holds gathered blocks and activations, so its peak is expected to
 # be higher. Where the ranks have GPUs, the cell above printed the allocator's peak
-# (`torch.cuda.max_memory_allocated`), which shows it; a CPU has no such statistic.
+# (`torch.cuda.max_memory_allocated`), which shows it; a CPU has no such statistic, so the next cells measure the
+# peak another way, on any machine.
+# <!-- ja -->
+# 各ランクが持つのは、数パーセントの誤差で訓練の状態の 1/N です。この数パーセントは**パディング**です。FSDP2 はどのパラメータも 0次元目に沿って N 等分し、端数は切り上げます。位置埋め込み `pos` の形状は `(1, 16, 64)` で 0次元目の大きさが 1 なので、1個のランクが丸ごと保存し、他のランクは同じ大きさのパディングを保存します。Adam の状態は実際のシャードに合わせて作られるので、全ランクの状態を足すと、シャーディングしない場合の状態とちょうど同じになります（これにパラメータのテンソル 1つとランク 1個ごとのステップ数が加わります）。これらはステップのあとに持っている量で、ピークではありません。順伝播と逆伝播の間は、集めたブロックや活性化も持つので、ピークはこれより大きくなるはずです。ランクが GPU 上にあれば、上のセルがアロケータのピーク（`torch.cuda.max_memory_allocated`）を表示しているので、それで確かめられます。CPU にはこの統計がないので、次のセルでは別の方法で、どのマシンでもピークを測ります。
+
+# %% [markdown]
+# <!-- en -->
+# ### Peak memory per rank
 #
+# What limits a model is the **peak**: the most a rank holds at any one moment of a step, not what is left after it.
+# `sharding.PeakMemory` measures it from the tensors themselves. It is a dispatch mode, like `CollectiveLog`: every
+# operator of the step passes through it (forward, backward, the collectives, the optimizer), and after each one it
+# counts the training state as `sharding.training_tensors` lists it (the parameters the model exposes now, which
+# under FSDP2 include the gathered units; every `.grad`, plus the sharding code's own gradient buffers; the
+# optimizer's state), each storage once, and keeps the largest total. The count is exact for every tensor that
+# lives across at least one operator, and deterministic: the same operators run in the same order every time, so
+# the numbers can be asserted. Activations are left out on purpose: they are the same for all four methods at the
+# same batch per rank. `sharding.peak_memory_worker` builds the model for each method with
+# `sharding.data_parallel_method`: DDP and ZeRO-1 with `gradient_as_bucket_view=True`, DDP's leanest setting, where
+# the gradients are its communication buckets (by default DDP keeps them a second time), ZeRO-2 as
+# `Zero2Optimizer` with 64 KiB buckets, FSDP2 as above, plus this chapter's sharded step. It runs one step to
+# create Adam's state and measures the second. The 2- and 4-rank launches above ran it; one process gives N = 1:
+# <!-- ja -->
+# ### 1ランクあたりのピークメモリ
+#
+# モデルが収まるかどうかを決めるのは**ピーク**、つまりステップの途中でランクがいちばん多く持つ瞬間の量で、ステップのあとに残る量ではありません。`sharding.PeakMemory` は、これをテンソルそのものから測ります。`CollectiveLog` と同じくディスパッチモードで、ステップのすべての演算子（順伝播、逆伝播、集合通信、オプティマイザ）がここを通ります。演算子が 1つ終わるたびに、`sharding.training_tensors` が挙げる訓練の状態（モデルが今見せているパラメータ。FSDP2 では集めたユニットも含みます。すべての `.grad` と、シャーディングのコードが持つ勾配バッファ。オプティマイザの状態）を、ストレージごとに 1回ずつ数え、最大の合計を残します。演算子 1つ以上の間存在するテンソルについては正確で、しかも決定的です。毎回同じ演算子が同じ順序で実行されるので、数値を `assert` で確かめられます。活性化はわざと除いています。ランクあたりのバッチが同じなら、4つの方式で同じだからです。`sharding.peak_memory_worker` は、方式ごとに `sharding.data_parallel_method` でモデルを用意します。DDP と ZeRO-1 は `gradient_as_bucket_view=True` で動かします。勾配が通信用のバケットそのものになる、DDP で最もメモリの少ない設定です（既定では DDP は勾配をもう 1組持ちます）。ZeRO-2 はバケット 64 KiB の `Zero2Optimizer`、FSDP2 は上と同じ設定で、この章のシャーディングしたステップも加えます。1ステップ目で Adam の状態を作り、2ステップ目を測ります。上のランク 2個と 4個の起動でこれを実行しました。N = 1 は 1個のプロセスで測ります。
+
+# %% tags=["nbval-ignore-output"]
+one_rank = dict(patch=7, bucket_bytes=2**16, methods=sharding.PEAK_METHODS + ("sharded step",))
+peaks = {1: launch(sharding.peak_memory_worker, 1, kwargs=one_rank, echo=False, timeout=300)["methods"],
+         2: fsdp2["peaks"], 4: fsdp4["peaks"]}
+METHODS = sharding.PEAK_METHODS
+print(col(tr("peak bytes per rank", "1ランクのピークのバイト数"), 26) + "".join(col(m, 12, True) for m in METHODS)
+      + col(tr("sharded step", "この章のステップ"), 18, True))
+for n, r in peaks.items():
+    print(col(tr(f"{n} rank(s)", f"ランク {n}個"), 26) + "".join(f"{r[m]['peak_bytes_per_rank']:>12,}" for m in METHODS)
+          + f"{r['sharded step']['peak_bytes_per_rank']:>18,}")
+print()
+print(tr("at ZeRO-2's and FSDP2's peak on 4 ranks (rank 0):", "ランク 4個での ZeRO-2 と FSDP2 のピークの内訳（ランク 0）:"))
+for m in ("ZeRO-2", "FSDP2"):
+    at, after = peaks[4][m]["per_rank"][0]["parts"], peaks[4][m]["per_rank"][0]["after"]
+    print(f"  {m:<7}" + ", ".join(f"{names[k]} {at[k]:,}" for k in parts)
+          + tr(f"; after the step {sum(after.values()):,} in all", f"。ステップのあとは合計 {sum(after.values()):,}"))
+
+# %%
+P = single["params"]  # 555,560 bytes of float32 parameters; Adam's state is twice that
+largest_grad = 4 * max(p.numel() for p in make_model().parameters())
+for m in METHODS:
+    assert 4 * P <= peaks[1][m]["peak_bytes_per_rank"] <= 1.1 * 4 * P, m  # one rank: 16 bytes per parameter
+for n in (2, 4):
+    peak = {m: peaks[n][m]["peak_bytes_per_rank"] for m in METHODS + ("sharded step",)}
+    assert peak["FSDP2"] < peak["ZeRO-2"] < peak["ZeRO-1"] < peak["DDP"], (n, peak)
+    assert peak["sharded step"] > peak["ZeRO-1"]  # its flat copy of the gradients
+    for rank in peaks[n]["ZeRO-2"]["per_rank"]:  # 1/N of the gradients + one bucket + one fresh gradient
+        assert rank["parts"]["grads"] <= P / n + 2**16 + largest_grad + 8 * n * 16
+    fsdp_rank = peaks[n]["FSDP2"]["per_rank"][0]
+    assert sum(fsdp_rank["after"].values()) < fsdp_rank["peak"]  # the peak is not what is left after the step
+
+# %%
+with course_style():
+    fig = Figure(figsize=(6.0, 3.3))
+    ax = fig.add_subplot()
+    shown = METHODS + ("sharded step",)
+    labels_m = {m: m for m in METHODS} | {"sharded step": tr("sharded step", "この章のステップ")}
+    width = 0.8 / len(shown)
+    for i, m in enumerate(shown):
+        ax.bar([j + (i - (len(shown) - 1) / 2) * width for j in range(len(peaks))],
+               [peaks[n][m]["peak_bytes_per_rank"] / 1e6 for n in peaks], width=width, label=labels_m[m])
+    ax.set_xticks(range(len(peaks)), [str(n) for n in peaks])
+    ax.set_xlabel(tr("ranks", "ランク数"))
+    ax.set_ylabel(tr("peak MB per rank", "1ランクのピーク（MB）"))
+    ax.set_title(tr("Peak of parameters + gradients + Adam state", "パラメータ、勾配、Adam の状態のピーク"))
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+display(Image(figure_png(fig)))
+
+# %% [markdown]
+# <!-- en -->
+# On one rank every method holds 16 bytes per parameter at its peak, at the end of the step, when the gradients
+# and Adam's state both exist. On 2 and 4 ranks the order is the one the ZeRO stages promise, now as peaks:
+# ZeRO-1 saves Adam's state, ZeRO-2 also the gradients (its gradients never exceed 1/N plus one bucket and the one
+# gradient autograd has just produced), FSDP2 also the parameters, although at its peak a rank holds the gathered
+# blocks (the one that computes and the next, prefetched) and a unit's full gradients before they are
+# reduce-scattered, so its peak is well above what it holds after the step. The chapter's sharded step has about
+# DDP's peak: for a moment it holds every gradient twice.
+# <!-- ja -->
+# ランク 1個では、どの方式もピークでパラメータ 1つあたり 16バイトを持ちます。ピークはステップの終わり、勾配と Adam の状態がそろった瞬間です。ランク 2個と 4個では、ZeRO のステージが約束する順序が、ピークとしても成り立ちます。ZeRO-1 は Adam の状態を、ZeRO-2 は勾配も減らし（勾配は 1/N とバケット 1つ、autograd が作ったばかりの勾配 1つ分を超えません）、FSDP2 はパラメータも減らします。ただし FSDP2 のピークでは、集めたブロック（計算中のものと先読みした次のもの）と、リデュース・スキャッターする前のユニットの完全な勾配も持つので、ステップのあとに持つ量よりかなり大きくなります。この章のシャーディングしたステップのピークは DDP とほぼ同じです。一瞬、すべての勾配を 2組持つからです。
+
+# %% [markdown]
+# <!-- en -->
 # ### ZeRO-3 or ZeRO-2: `reshard_after_forward`
 #
 # With `reshard_after_forward=True` (the default for blocks), a block's parameters are freed after its forward and
@@ -835,8 +1016,6 @@ for r in (fsdp2, fsdp4):
 # PyTorch's own `CommDebugMode` (`torch.distributed.tensor.debug`) sees FSDP's collectives too and counts the same
 # calls, but it does not record their sizes.
 # <!-- ja -->
-# 各ランクが持つのは、数パーセントの誤差で訓練の状態の 1/N です。この数パーセントは**パディング**です。FSDP2 はどのパラメータも 0次元目に沿って N 等分し、端数は切り上げます。位置埋め込み `pos` の形状は `(1, 16, 64)` で 0次元目の大きさが 1 なので、1個のランクが丸ごと保存し、他のランクは同じ大きさのパディングを保存します。Adam の状態は実際のシャードに合わせて作られるので、全ランクの状態を足すと、シャーディングしない場合の状態とちょうど同じになります（これにパラメータのテンソル 1つとランク 1個ごとのステップ数が加わります）。これらはステップのあとに持っている量で、ピークではありません。順伝播と逆伝播の間は、集めたブロックや活性化も持つので、ピークはこれより大きくなるはずです。ランクが GPU 上にあれば、上のセルがアロケータのピーク（`torch.cuda.max_memory_allocated`）を表示しているので、それで確かめられます。CPU にはこの統計がありません。
-#
 # ### ZeRO-3 と ZeRO-2 の切り替え: `reshard_after_forward`
 #
 # `reshard_after_forward=True`（ブロックの既定値）では、ブロックのパラメータは順伝播のあとで解放され、逆伝播のためにもう一度集められます。メモリは最も少なくなりますが、オールギャザーが 2回になります。`False` にすると、順伝播から逆伝播まで集めたまま保持します。これは ZeRO-2 の振る舞いで、ステップの間は完全なパラメータを持ちます。1回の訓練ステップで送るもの（集めたり足し合わせたりするテンソル全体のバイト数）を `CollectiveLog` で数えます。PyTorch 自身の `CommDebugMode`（`torch.distributed.tensor.debug`）も FSDP の集合通信を捉えて同じ回数を数えますが、その大きさは記録しません。
@@ -941,6 +1120,76 @@ assert len(fsdp2["losses"]) == len(fsdp4["losses"]) == 10 and one_losses[-1] < o
 assert loss_gap(fsdp2["losses"]) < 1e-4 and loss_gap(fsdp4["losses"]) < 1e-4
 assert loss_gap(fsdp2["losses_bf16"]) > 1e-3  # a real change of arithmetic is far outside the tolerance
 assert loss_gap(fsdp2["losses_checkpointed"]) < 1e-4
+
+# %% [markdown]
+# <!-- en -->
+# ### Gradient accumulation, forward prefetch and HSDP
+#
+# Three more settings of FSDP2, each run by the launches above on the first three batches and held to the same
+# standard, the losses of one process:
+#
+# - **Gradient accumulation**: each batch in 2 micro-batches, each loss divided by 2. With
+#   `model.set_requires_gradient_sync(False)` on every micro-batch but the last, FSDP2 keeps the unsharded
+#   gradients and reduce-scatters once per step instead of once per micro-batch (the all-gathers still happen for
+#   every micro-batch: the parameters are resharded after each one).
+# - **Explicit forward prefetch**: `block.set_modules_to_forward_prefetch([next_block])` makes each block issue the
+#   all-gather of the next one when its own forward starts, so that the transfer overlaps its computation. The
+#   worker records the order in which the all-gathers (AG) and the block forwards (F0 to F3) were issued.
+# - **HSDP** (hybrid sharding) on 4 ranks: `fully_shard` with a 2-D `DeviceMesh` of shape (2, 2), named
+#   `("replicate", "shard")`. Each parameter is sharded within a pair of ranks and replicated across the 2 pairs:
+#   all-gathers and reduce-scatters stay inside a pair (in a cluster, inside a node, over the fast links), and the
+#   pairs then all-reduce their gradient shards.
+# <!-- ja -->
+# ### 勾配の累積、順伝播の先読み、HSDP
+#
+# FSDP2 の設定をさらに 3つ試します。どれも上の起動で最初の 3バッチについて実行したもので、同じ基準（1個のプロセスの損失）で確かめます。
+#
+# - **勾配の累積**: 各バッチを 2つのマイクロバッチに分け、それぞれの損失を 2 で割ります。最後以外のマイクロバッチで `model.set_requires_gradient_sync(False)` にすると、FSDP2 はシャーディングしていない勾配を持ち続け、リデュース・スキャッターをマイクロバッチごとではなく 1ステップに 1回だけ行います（オールギャザーはマイクロバッチごとに行います。パラメータは毎回解放されるからです）。
+# - **順伝播の明示的な先読み**: `block.set_modules_to_forward_prefetch([next_block])` とすると、各ブロックは自分の順伝播を始めるときに次のブロックのオールギャザーを発行するので、転送が自分の計算と重なります。ワーカーは、オールギャザー（AG）とブロックの順伝播（F0〜F3）が発行された順序を記録します。
+# - **HSDP**（ハイブリッドシャーディング）をランク 4個で: 形状 (2, 2)、名前 `("replicate", "shard")` の 2次元の `DeviceMesh` で `fully_shard` します。各パラメータは 2個のランクの組の中でシャーディングされ、2つの組の間では複製されます。オールギャザーとリデュース・スキャッターは組の中で済み（クラスタならノードの中の高速なリンクで済み）、そのあと組どうしが勾配のシャードをオールリデュースします。
+
+# %% tags=["nbval-ignore-output"]
+for label, losses in ((tr("FSDP, 2 ranks, 2 micro-batches", "FSDP、ランク 2個、マイクロバッチ 2個"),
+                       fsdp2["losses_accumulated"]),
+                      (tr("FSDP, 4 ranks, 2 micro-batches", "FSDP、ランク 4個、マイクロバッチ 2個"),
+                       fsdp4["losses_accumulated"]),
+                      (tr("HSDP, 4 ranks on a 2 x 2 mesh", "HSDP、ランク 4個、2 × 2 のメッシュ"), fsdp4["losses_hsdp"])):
+    print(col(label, 44) + f"{tr('largest difference', '差の最大値')} {loss_gap(losses):.1e}")
+print(tr("collectives of one accumulated step, 2 ranks:", "累積した 1ステップの集合通信（ランク 2個）:"),
+      {KINDS[k]: c["calls"] for k, c in fsdp2["collectives_accumulated"].items()})
+print(tr("collectives of one HSDP step:", "HSDP の 1ステップの集合通信:"),
+      {KINDS[k]: c["calls"] for k, c in fsdp4["collectives_hsdp"].items()})
+placements, local = fsdp4["hsdp_placements"]
+print(tr(f"HSDP: blocks.0.attn.q.weight placements {placements}, each rank stores {tuple(local)}",
+         f"HSDP: blocks.0.attn.q.weight の配置 {placements}。各ランクが保存するのは {tuple(local)}"))
+print(tr("forward order, default:         ", "順伝播の順序（既定）:        "), " ".join(fsdp2["prefetch"]["order_default"]))
+print(tr("forward order, explicit prefetch:", "順伝播の順序（明示的な先読み）:"), " ".join(fsdp2["prefetch"]["order"]))
+
+# %%
+for r in (fsdp2, fsdp4):
+    assert loss_gap(r["losses_accumulated"]) < 1e-4
+    assert r["collectives_accumulated"]["reduce_scatter"]["calls"] == units  # once per step, not per micro-batch
+    assert r["collectives_accumulated"]["all_gather"]["calls"] == 2 * (units + 4)
+    order, default = r["prefetch"]["order"], r["prefetch"]["order_default"]
+    for i in range(3):  # with prefetch, block i + 1 is gathered before block i computes; without, only block i
+        assert order[:order.index(f"F{i}")].count("AG") == i + 3
+        assert default[:default.index(f"F{i}")].count("AG") == i + 2
+assert loss_gap(fsdp4["losses_hsdp"]) < 1e-4
+assert fsdp4["hsdp_placements"] == (["R", "S(0)"], [32, 64])  # replicated across pairs, 64 rows halved
+assert {k: c["calls"] for k, c in fsdp4["collectives_hsdp"].items()} == {
+    "all_gather": units + 4, "reduce_scatter": units, "all_reduce": units}
+
+# %% [markdown]
+# <!-- en -->
+# All three train like one process. Accumulating costs no reduce-scatter until the last micro-batch (5, one per
+# unit, for the whole step), at the price of holding the unit's full gradients between micro-batches. With explicit
+# prefetch, every block's all-gather is issued one block earlier: block 1 is requested before block 0 computes.
+# By default FSDP2 prefetches in the backward pass only; in the forward each all-gather waits for the block's own
+# pre-forward hook. HSDP stores half of each parameter per rank, as 2-rank FSDP does, and adds one all-reduce per
+# unit, across the pairs, in the backward pass: in a cluster the heavy all-gathers stay on the fast links within a
+# node, and only the gradient shards cross between nodes.
+# <!-- ja -->
+# 3つとも 1個のプロセスと同じように訓練が進みます。累積では、最後のマイクロバッチまでリデュース・スキャッターをしません（1ステップ全体でユニットごとに 1回、5回です）。その代わり、マイクロバッチの間はユニットの完全な勾配を持ち続けます。明示的な先読みでは、各ブロックのオールギャザーが 1ブロック分早く発行されます。ブロック 0 の計算の前に、ブロック 1 を要求しています。既定では FSDP2 は逆伝播でだけ先読みし、順伝播では各オールギャザーはそのブロック自身の順伝播前のフックを待ちます。HSDP では、ランク 2個の FSDP と同じく各ランクがパラメータの半分を保存し、逆伝播で組の間のオールリデュースがユニットごとに 1回加わります。クラスタなら、重いオールギャザーはノードの中の高速なリンクにとどまり、ノードの間を行き来するのは勾配のシャードだけです。
 
 # %% [markdown]
 # <!-- en -->
@@ -1216,18 +1465,25 @@ def total_bytes(log):
 
 
 AR, RS, AG, BC = (KINDS[k] for k in ("all_reduce", "reduce_scatter", "all_gather", "broadcast"))
+peak2 = {m: r["peak_bytes_per_rank"] for m, r in peaks[2].items()}
 measured = [
-    ("DDP", zero["DDP"]["held"], 2 * single["params"], AR),
-    ("ZeRO-1 (ZeroRedundancyOptimizer)", zero["ZeroRedundancyOptimizer"]["held"], 3 * single["params"], f"{AR} + {BC}"),
-    (tr("ZeRO-2 (sharded step, this chapter)", "ZeRO-2（この章のステップ）"), zero["sharded_step"]["held"],
-     total_bytes(zero["sharded_step"]["collectives"]), f"{RS} + {AG}"),
-    ("FSDP2, reshard_after_forward=False", fsdp2["held"], total_bytes(fsdp2["collectives_kept"]), f"{AG} + {RS}"),
-    ("FSDP2 (ZeRO-3)", fsdp2["held"], total_bytes(fsdp2["collectives"]), f"{AG} x 2 + {RS}"),
+    ("DDP", zero["DDP"]["held"], peak2["DDP"], 2 * single["params"], AR),
+    ("ZeRO-1 (ZeroRedundancyOptimizer)", zero["ZeroRedundancyOptimizer"]["held"], peak2["ZeRO-1"],
+     3 * single["params"], f"{AR} + {BC}"),
+    (tr("ZeRO-1 (sharded step, this chapter)", "ZeRO-1（この章のステップ）"), zero["sharded_step"]["held"],
+     peak2["sharded step"], total_bytes(zero["sharded_step"]["collectives"]), f"{RS} + {AG}"),
+    ("ZeRO-2 (Zero2Optimizer)", zero["Zero2Optimizer"]["held"], peak2["ZeRO-2"],
+     total_bytes(zero["Zero2Optimizer"]["collectives"]), f"{RS} + {AG}"),
+    ("FSDP2, reshard_after_forward=False", fsdp2["held"], None, total_bytes(fsdp2["collectives_kept"]),
+     f"{AG} + {RS}"),
+    ("FSDP2 (ZeRO-3)", fsdp2["held"], peak2["FSDP2"], total_bytes(fsdp2["collectives"]), f"{AG} x 2 + {RS}"),
 ]
-print(col(tr("method", "方式"), 37) + col(tr("held per rank", "1ランクが持つ量"), 16, True)
-      + col(tr("sent per step", "1ステップの通信"), 16, True) + "  " + tr("collectives", "集合通信"))
-for name, held, sent, kinds in measured:
-    print(col(name, 37) + f"{max(sum(h[k] for k in parts) for h in held):>16,}{sent:>16,}  {kinds}")
+print(col(tr("method", "方式"), 37) + col(tr("held after step", "ステップ後の量"), 16, True)
+      + col(tr("peak", "ピーク"), 11, True) + col(tr("sent per step", "1ステップの通信"), 16, True)
+      + "  " + tr("collectives", "集合通信"))
+for name, held, peak, sent, kinds in measured:
+    print(col(name, 37) + f"{max(sum(h[k] for k in parts) for h in held):>16,}"
+          + (f"{peak:>11,}" if peak else f"{'-':>11}") + f"{sent:>16,}  {kinds}")
 print(tr("(DDP's and ZeRO-1's traffic: an all-reduce counted as a reduce-scatter plus an all-gather of the model, "
          "plus ZeRO-1's broadcasts)",
          "（DDP と ZeRO-1 の通信量: オールリデュースをモデルのリデュース・スキャッターとオールギャザーとして数え、"
@@ -1236,11 +1492,11 @@ print(tr("(DDP's and ZeRO-1's traffic: an all-reduce counted as a reduce-scatter
 # %% [markdown]
 # <!-- en -->
 # (FSDP2 holds the same at rest with `True` or `False`; with `False` it also holds all blocks' full parameters between
-# the forward and the backward pass.) The row printed as ZeRO-2 is this chapter's sharded step: its bytes are counted
-# after the step, when it holds ZeRO-2's share, but during the step it held every gradient plus a full flat copy of
-# them, so it shards the optimizer step, not the gradients' memory (section 2). Reading the table for a real model,
-# scaled by the arithmetic of section 1, with ZeRO-2 as DeepSpeed implements it (gradients reduce-scattered bucket by
-# bucket during the backward pass):
+# the forward and the backward pass; its peak was not measured.) After the step the chapter's sharded step holds as
+# little as ZeRO-2, but its peak, when it holds every gradient plus a full flat copy of them, is about DDP's: it
+# shards the optimizer step, not the gradients' memory. `Zero2Optimizer` keeps both low, since its gradients are
+# reduce-scattered bucket by bucket during the backward pass. Reading the table for a real model, scaled by the
+# arithmetic of section 1:
 #
 # | | memory per rank | traffic per step | use it when |
 # |---|---|---|---|
@@ -1257,7 +1513,7 @@ print(tr("(DDP's and ZeRO-1's traffic: an all-reduce counted as a reduce-scatter
 # 3.2 M parameters), with step times, and checks the goal of this chapter: at most 1.15 x 1/N (its worker,
 # `mparlib.sharding.fsdp_memory_worker`, is the FSDP part of this chapter's worker in a few lines).
 # <!-- ja -->
-# （FSDP2 が保存している量は `True` でも `False` でも同じです。`False` では、順伝播から逆伝播までの間、すべてのブロックの完全なパラメータも持ちます。）ZeRO-2 と表示した行はこの章のシャーディングしたステップです。そのバイト数はステップのあとに数えたもので、そのときは ZeRO-2 と同じ量を持っていますが、ステップの途中ではすべての勾配とそのフラットなコピーを持っていました。シャーディングしているのはオプティマイザのステップで、勾配のメモリではありません（2節）。実際のモデルについてこの表を読むには、1節の計算で大きさを換算します。ZeRO-2 は DeepSpeed の実装（逆伝播の途中でバケットごとに勾配をリデュース・スキャッターする）を指します。
+# （FSDP2 が保存している量は `True` でも `False` でも同じです。`False` では、順伝播から逆伝播までの間、すべてのブロックの完全なパラメータも持ちます。そのピークは測っていません。）この章のシャーディングしたステップは、ステップのあとには ZeRO-2 と同じくらい少ない量しか持ちませんが、すべての勾配とそのフラットなコピーを持つ瞬間のピークは DDP とほぼ同じです。シャーディングしているのはオプティマイザのステップで、勾配のメモリではありません。`Zero2Optimizer` は逆伝播の途中でバケットごとに勾配をリデュース・スキャッターするので、どちらも少なく保ちます。実際のモデルについてこの表を読むには、1節の計算で大きさを換算します。
 #
 # | | 1ランクのメモリ | 1ステップの通信 | 使いどころ |
 # |---|---|---|---|
@@ -1278,8 +1534,11 @@ print(tr("(DDP's and ZeRO-1's traffic: an all-reduce counted as a reduce-scatter
 # - ZeRO shards them: stage 1 the optimizer state, stage 2 also the gradients, stage 3 also the parameters. The
 #   chapter's sharded step is DDP's all-reduce cut in two, reduce-scatter, update one slice, all-gather: the same
 #   bytes, the same parameters (proved here against DDP), 1/N of the optimizer state. It first copies the full
-#   gradient into a flat buffer, so it shards the optimizer step, not the gradients' memory; a real
-#   ZeRO-2 reduce-scatters bucket by bucket during the backward pass.
+#   gradient into a flat buffer, so it is ZeRO-1: its peak is about DDP's. `Zero2Optimizer` is ZeRO-2: hooks
+#   reduce-scatter the gradients bucket by bucket during the backward pass and free them, so a rank never holds
+#   more than 1/N of them plus one bucket.
+# - Peaks, not what is left after a step, decide what fits: counted after every operator (`PeakMemory`), they order
+#   FSDP2 < ZeRO-2 < ZeRO-1 < DDP on 2 and 4 ranks.
 # - FSDP2 is `fully_shard` per block and at the root: parameters become DTensors sharded on dimension 0, each rank
 #   holds 1/N of parameters, gradients and optimizer state (within the padding), and each block is gathered just
 #   before it computes. `reshard_after_forward` trades memory against a second all-gather; `MixedPrecisionPolicy`
@@ -1306,7 +1565,8 @@ print(tr("(DDP's and ZeRO-1's traffic: an all-reduce counted as a reduce-scatter
 # ## まとめ
 #
 # - 訓練では、パラメータ 1つにつきパラメータ、勾配、オプティマイザの状態を持ちます。Adam なら fp32 でも混合精度（重みの fp32 のマスターコピー）でも 16バイトです。DDP はそのすべてを全ランクに持たせます。
-# - ZeRO はこれをシャーディングします。ステージ 1 はオプティマイザの状態、ステージ 2 は勾配も、ステージ 3 はパラメータもシャーディングします。この章のシャーディングしたステップは、DDP のオールリデュースを 2つに分けたものです。リデュース・スキャッターし、1つのスライスを更新し、オールギャザーします。送るバイト数もパラメータも同じで（ここでは DDP と比べて証明しました）、オプティマイザの状態は 1/N です。ただし最初に完全な勾配をフラットなバッファにコピーするので、シャーディングしているのはオプティマイザのステップで、勾配のメモリではありません。本当の ZeRO-2 は、逆伝播の途中でバケットごとにリデュース・スキャッターします。
+# - ZeRO はこれをシャーディングします。ステージ 1 はオプティマイザの状態、ステージ 2 は勾配も、ステージ 3 はパラメータもシャーディングします。この章のシャーディングしたステップは、DDP のオールリデュースを 2つに分けたものです。リデュース・スキャッターし、1つのスライスを更新し、オールギャザーします。送るバイト数もパラメータも同じで（ここでは DDP と比べて証明しました）、オプティマイザの状態は 1/N です。ただし最初に完全な勾配をフラットなバッファにコピーするので、これは ZeRO-1 で、ピークは DDP とほぼ同じです。`Zero2Optimizer` は ZeRO-2 です。フックが逆伝播の途中でバケットごとに勾配をリデュース・スキャッターして解放するので、ランクが持つ勾配は 1/N とバケット 1つ分を超えません。
+# - 何が収まるかを決めるのは、ステップのあとに残る量ではなくピークです。演算子ごとに数えると（`PeakMemory`）、ランク 2個と 4個で FSDP2 < ZeRO-2 < ZeRO-1 < DDP の順になります。
 # - FSDP2 は、ブロックごととルートの `fully_shard` です。パラメータは 0次元目でシャーディングされた DTensor になり、各ランクはパラメータ、勾配、オプティマイザの状態の 1/N（とパディング）を持ち、各ブロックは計算の直前に集められます。`reshard_after_forward` でメモリと 2回目のオールギャザーを交換でき、`MixedPrecisionPolicy` は集めるバイト数を半分にします。訓練は 1個のプロセスとまったく同じように進みます。
 # - 活性化の再計算は各ブロックの入力だけを残し、残りは逆伝播の中で計算し直します。
 # - DCP は全ランクのシャードを並行して保存し、読み込むときに再シャーディングします（ランク 2個 → ランク 4個 → 1個のプロセス）。一時フォルダに保存し、名前を変えてから `latest` でそれを指せば、強制終了された保存が完了したものと取り違えられることはありません。
