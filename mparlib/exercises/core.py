@@ -48,12 +48,12 @@ COMMON_MISTAKES = {
     "hang": ("A rank waited for a partner that never came. Every collective must be called by every rank, in the "
              "same order; every send needs a matching recv on the other side. Look for an `if rank == ...` around a "
              "collective, or two ranks that both receive first.",
-             "あるランクが、来ない相手を待ち続けました。集団通信はすべてのランクが同じ順序で呼ぶ必要があり、send には"
-             "相手側の recv が対応していなければなりません。集団通信を囲む `if rank == ...` や、両方のランクが先に受信"
+             "あるランクが、来ない相手を待ち続けました。集合通信はすべてのランクが同じ順序で呼ぶ必要があり、send には"
+             "相手側の recv が対応していなければなりません。集合通信を囲む `if rank == ...` や、両方のランクが先に受信"
              "しようとしていないかを探してください。"),
     "shape": ("The result has the wrong shape or type: compare what your function returns with what the exercise "
               "asks for.",
-              "結果の形か型が違います。関数が返すものと、問題が求めるものを比べてください。"),
+              "結果の形状か型が違います。関数が返すものと、問題が求めるものを比べてください。"),
 }
 
 
@@ -370,7 +370,7 @@ def mismatch_text(where, mismatch):
     if kind == "type":
         return tr(f"{where} is a {val}, not a tensor.", f"{where}がテンソルではなく {val} です。")
     if kind == "shape":
-        return tr(f"{where} has shape {val}, not the expected one.", f"{where}の形が {val} で、期待される形と違います。")
+        return tr(f"{where} has shape {val}, not the expected one.", f"{where}の形状が {val} で、期待される形状と違います。")
     return tr(f"{where} first differs at index {list(kind)}: your value is {val:.6g}.",
               f"{where}はインデックス {list(kind)} で最初に食い違います。あなたの値は {val:.6g} です。")
 
@@ -552,7 +552,7 @@ def settle(results, timeout, limit):
         msg = tr(f"Rank {first} waited in a collective or send/recv that its partner never joined "
                  f"(given up after {timeout:g} s; stuck ranks: {waited}; ranks that returned: {done}). "
                  f"Rank {first}'s error: {errors[first][1]}",
-                 f"ランク {first} は、相手が加わらない集団通信か send/recv で待ち続けました（{timeout:g} 秒で打ち"
+                 f"ランク {first} は、相手が加わらない集合通信か send/recv で待ち続けました（{timeout:g} 秒で打ち"
                  f"切り。止まったランク: {waited}、戻ったランク: {done}）。ランク {first} のエラー: {errors[first][1]}")
         if errors[first][0] == "stuck":
             msg = tr(f"Rank {first} was still running after {limit:g} s (ranks stuck: {waited}).",
