@@ -341,3 +341,18 @@ def test_the_book_shows_hints_and_leaves_solutions_out_unless_book_toml_asks(tmp
             texts = "".join(p.read_text(encoding="utf-8") for p in (site / lang).rglob("*.html"))
             assert ("def chunk_sizes(batch, k):\n    \"\"\"01.1" in html_unescape(texts)) == solutions
             assert (site / lang / "solutions.html").exists() == solutions and (title in texts) == solutions
+
+
+def test_the_exercise_modules_keep_the_package_rules():
+    # tests/test_layout.py reads mparlib/*.py; the same rules hold one level down
+    for path in sorted((ROOT / "mparlib" / "exercises").glob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                assert node.end_lineno - node.lineno < 60, f"{path.name}:{node.lineno} {node.name}"
+            if isinstance(node, ast.ImportFrom):
+                assert not any(a.name.startswith("_") for a in node.names), f"{path.name}:{node.lineno}"
+        for node in tree.body:
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and not node.name.startswith("_"):
+                doc = ast.get_docstring(node) or ""
+                assert doc.strip(), f"{path.name}: {node.name} has no docstring"
