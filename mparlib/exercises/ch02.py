@@ -41,7 +41,7 @@ NAMES_02_1 = ["forward", "predict", "module", "device_ids", "class_names", "head
               "scale", "parameters", "no_such_name", "body", "output_device"]
 
 
-@exercise("02.1", title=("Who answers the name?", "名前に答えるのはどちらか"), hints=[
+@exercise("02.1", title=("Who answers the name?", "名前に答える側の判定"), hints=[
     ("Read 'Where attributes live' and the lookup order listed under 'A subclass that works'.",
      "「属性の置き場所」と、「正しく動くサブクラス」の下にある探索の順序を読んでください。"),
     ("Three places belong to the wrapper: its instance __dict__, its class (with the parents), and nn.Module's "
