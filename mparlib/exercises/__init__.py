@@ -1,0 +1,35 @@
+"""Checkable exercises: ``check("01.1", my_function)`` says right or wrong, ``hint("01.1")`` gives the next hint.
+
+Explained in 01_dataparallel.
+
+For learners::
+
+    from mparlib.exercises import check, hint
+    check("03.2", my_scatter)   # an Outcome, shown as the cell's result
+    hint("03.2")                # prints hint level 1, then 2, 3 on later calls; hint("03.2", 2) picks a level
+
+An outcome is one of: not attempted (the starter still raises ``NotImplementedError``), wrong (the first mismatch
+and the hint for the likely mistake), error (your exception and its traceback), right, cannot run here (e.g. no
+GPU), or "the check itself failed" (a fault of the check, with its traceback: never a verdict on your answer).
+
+For authors of a chapter's checks (module ``mparlib/exercises/chNN.py``, found from the number alone)::
+
+    from .core import exercise, call, right, wrong, first_mismatch, mismatch_text, run_ranks
+
+    @exercise("08.2", hints=[(en, ja), (en, ja), (en, ja)], mistakes={"no_division": (en, ja)},
+              needs="processes", title=(en, ja))
+    def check_08_2(answer, nproc=2):
+        got = call(answer, x)                     # one process: the learner's errors end the check for you
+        ranks = run_ranks(answer, nproc, args=(...,), reference=module_level_fn)   # fresh processes
+        ...
+        return wrong(mismatch_text("rank 1's result", mm), "no_division")   # or right(), cannot_run(...)
+
+``run_ranks`` returns one ``RankResult(rank, value, error, reference)`` per rank; a hang ends the check within
+``timeout`` (a collective's limit, 20 s) with a wrong outcome naming the waiting rank (mistake key ``"hang"``).
+``value(answer)`` turns a numeric answer (or a function returning one) into a number. Keys ``"hang"`` and
+``"shape"`` have common hint texts; an exercise may override them. Statuses: ``Outcome.status`` in
+``core.STATUSES``; ``Outcome.hint_key`` names the mistake. Solutions live outside the package (``solutions/``).
+"""
+from .core import check, hint, registered
+
+__all__ = ["check", "hint", "registered"]

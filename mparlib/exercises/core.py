@@ -1,0 +1,502 @@
+"""The machinery behind ``check`` and ``hint``: the registry, outcomes, calls into the learner's code, ranks.
+
+A chapter's module (``mparlib/exercises/chNN.py``) registers one check function per exercise with
+:func:`exercise`; :func:`check` finds it from the exercise number alone (``"08.2"`` imports ``chNN`` = ``ch08``),
+so a new chapter needs no central list. A check function receives the learner's answer and returns an
+:class:`Outcome` (:func:`right`, :func:`wrong`, :func:`cannot_run`); it reaches the learner's code only through
+:func:`call` (one process) or :func:`run_ranks` (fresh processes), which turn the learner's own failure into a
+"not attempted" or an "error" outcome. Anything else a check function raises is the check's fault, and is
+reported as such, with its traceback, never as a wrong answer. Explained in 01_dataparallel.
+"""
+import ast
+import importlib
+import inspect
+import math
+import os
+import pickle
+import re
+import signal
+import sys
+import tempfile
+import textwrap
+import traceback
+from dataclasses import dataclass, field
+from html import escape
+from pathlib import Path
+
+import torch
+
+from ..errors import ConfigError, MparlibError, WorkerFailed
+from ..lang import tr
+
+NUMBER = re.compile(r"^(\d\d)\.(\d+)$")
+HERE = Path(__file__).resolve().parent
+NEEDS = (None, "gpu", "processes")
+
+# status -> (mark, English, Japanese)
+STATUSES = {
+    "not attempted": ("○", "not attempted", "未着手"),
+    "wrong": ("✗", "wrong", "不正解"),
+    "error": ("!", "error", "エラー"),
+    "right": ("✓", "right", "正解"),
+    "cannot run here": ("–", "cannot run here", "この環境では実行できません"),
+    "check failed": ("‼", "the check itself failed", "チェック自体の不具合"),
+}
+
+# Mistake hints every exercise knows; an exercise may give its own text for the same key.
+COMMON_MISTAKES = {
+    "hang": ("A rank waited for a partner that never came. Every collective must be called by every rank, in the "
+             "same order; every send needs a matching recv on the other side. Look for an `if rank == ...` around a "
+             "collective, or two ranks that both receive first.",
+             "あるランクが、来ない相手を待ち続けました。集団通信はすべてのランクが同じ順序で呼ぶ必要があり、send には"
+             "相手側の recv が対応していなければなりません。集団通信を囲む `if rank == ...` や、両方のランクが先に受信"
+             "しようとしていないかを探してください。"),
+    "shape": ("The result has the wrong shape or type: compare what your function returns with what the exercise "
+              "asks for.",
+              "結果の形か型が違います。関数が返すものと、問題が求めるものを比べてください。"),
+}
+
+
+@dataclass
+class Exercise:
+    """One registered exercise: its number, hints, mistake hints and check function. Explained in 01_dataparallel."""
+    number: str
+    check: object
+    hints: list
+    mistakes: dict
+    needs: str | None = None
+    title: tuple | None = None
+
+    def hint_text(self, level):
+        """The hint of ``level`` (1 = where to look ... last = nearly the code), in the learner's language."""
+        return tr(*self.hints[level - 1])
+
+    def mistake_text(self, key):
+        """The hint for the likely mistake ``key``."""
+        pair = self.mistakes.get(key) or COMMON_MISTAKES.get(key)
+        return tr(*pair) if pair else None
+
+
+REGISTRY = {}
+SHOWN = {}  # number -> the last hint level hint() showed
+
+
+def exercise(number, hints, mistakes=None, needs=None, title=None):
+    """Register the decorated function as the check of exercise ``number`` ("01.1"). Explained in 01_dataparallel.
+
+    ``hints``: two or more ``(en, ja)`` pairs, level 1 first (where to look), the last nearly the code, never the
+    answer. ``mistakes``: ``{key: (en, ja)}``, the hint for each likely mistake a :func:`wrong` outcome can name.
+    ``needs``: ``None``, ``"gpu"`` (else the outcome is "cannot run here") or ``"processes"`` (distributed).
+    """
+    if not (isinstance(number, str) and NUMBER.match(number)):
+        raise ConfigError(f"exercise({number!r}): use a number like '01.1' (chapter.exercise).")
+    if not (isinstance(hints, (list, tuple)) and len(hints) >= 2
+            and all(isinstance(h, tuple) and len(h) == 2 for h in hints)):
+        raise ConfigError(f"exercise({number!r}): give at least two hints, each an (en, ja) pair.")
+    if needs not in NEEDS:
+        raise ConfigError(f"exercise({number!r}): needs={needs!r}; use one of {NEEDS}.")
+
+    def register(fn):
+        REGISTRY[number] = Exercise(number, fn, list(hints), dict(mistakes or {}), needs, title)
+        return fn
+
+    return register
+
+
+def lookup(number):
+    """The :class:`Exercise` of ``number``, importing its chapter's module on first use. Explained in 01_dataparallel."""
+    match = NUMBER.match(number) if isinstance(number, str) else None
+    if match and number not in REGISTRY:
+        try:
+            importlib.import_module(f"mparlib.exercises.ch{match.group(1)}")
+        except ModuleNotFoundError as e:
+            if e.name != f"mparlib.exercises.ch{match.group(1)}":
+                raise
+    if number not in REGISTRY:
+        known = ", ".join(sorted(REGISTRY)) or "-"
+        raise ConfigError(tr(f"There is no exercise {number!r}. Write the number as a string, e.g. check(\"01.1\", "
+                             f"my_function). Exercises loaded so far: {known}.",
+                             f"練習問題 {number!r} はありません。番号は check(\"01.1\", my_function) のように文字列で"
+                             f"書いてください。読み込み済みの練習問題: {known}。"))
+    return REGISTRY[number]
+
+
+def registered():
+    """Every exercise of every chapter module present, by number (imports them all). Explained in 01_dataparallel."""
+    for path in sorted(HERE.glob("ch[0-9][0-9].py")):
+        importlib.import_module(f"mparlib.exercises.{path.stem}")
+    return dict(sorted(REGISTRY.items()))
+
+
+# ---- Outcomes ------------------------------------------------------------------------------------------------
+@dataclass
+class Outcome:
+    """What a check found: ``status`` (one of :data:`STATUSES`), a message, a hint. Explained in 01_dataparallel.
+
+    ``hint_key`` names the likely mistake behind a wrong answer (``None``: no particular one, hint level 1 is shown).
+    ``details`` holds a traceback (the learner's for "error", the check's own for "check failed").
+    """
+    status: str
+    message: str = ""
+    hint_key: str | None = None
+    details: str = ""
+    number: str = ""
+    hint: str = ""
+    levels: list = field(default_factory=list)
+
+    @property
+    def ok(self):
+        """True only for a right answer."""
+        return self.status == "right"
+
+    def heading(self):
+        mark, en, ja = STATUSES[self.status]
+        return f"{mark} {tr('Exercise', '練習問題')} {self.number}: {tr(en, ja)}"
+
+    def __repr__(self):
+        parts = [self.heading()]
+        if self.message:
+            parts.append(self.message)
+        if self.details:
+            parts.append(self.details.rstrip())
+        if self.hint:
+            parts.append(tr("Hint: ", "ヒント: ") + self.hint)
+        if self.levels:
+            parts.append(tr(f"More hints: hint({self.number!r}) shows the next level.",
+                            f"さらにヒント: hint({self.number!r}) を実行するたびに次の段階を表示します。"))
+        return "\n".join(parts)
+
+    def _repr_html_(self):
+        css = {"right": "ok", "wrong": "bad", "error": "bad", "check failed": "bad"}.get(self.status, "info")
+        out = [f'<div class="exercise-check exercise-{css}"><p><strong>{escape(self.heading())}</strong></p>']
+        if self.message:
+            out.append(f"<p>{escape(self.message)}</p>".replace("\n", "<br>"))
+        if self.details:
+            out.append(f"<pre>{escape(self.details.rstrip())}</pre>")
+        if self.hint:
+            out.append(f"<p>{escape(tr('Hint: ', 'ヒント: ') + self.hint)}</p>")
+        for level, text in enumerate(self.levels, 1):
+            label = tr(f"Hint {level} of {len(self.levels)}", f"ヒント {level}/{len(self.levels)}")
+            out.append(f"<details><summary>{escape(label)}</summary><p>{escape(text)}</p></details>")
+        out.append("</div>")
+        return "\n".join(out)
+
+
+def right(message=""):
+    """The answer is right. Explained in 01_dataparallel."""
+    return Outcome("right", message)
+
+
+def wrong(message, hint_key=None):
+    """The answer is wrong: ``message`` shows the first mismatch (never the expected value when that gives the
+    answer away); ``hint_key`` names the likely mistake (a key of the exercise's ``mistakes``). Explained in
+    01_dataparallel."""
+    return Outcome("wrong", message, hint_key)
+
+
+def cannot_run(message):
+    """This machine cannot run the check (no GPU, ...): never a wrong answer. Explained in 01_dataparallel."""
+    return Outcome("cannot run here", message)
+
+
+class Stop(Exception):
+    """Raised inside a check function to end it with ``outcome`` (used by :func:`call`). Explained in 01_dataparallel."""
+
+    def __init__(self, outcome):
+        super().__init__(outcome.status)
+        self.outcome = outcome
+
+
+# ---- The learner's code ---------------------------------------------------------------------------------------
+def is_starter(fn):
+    """True if ``fn``'s body is only (a docstring and) ``raise NotImplementedError(...)``: an untouched starter.
+
+    Read from the source, without calling it (cheap, even for distributed exercises). Explained in 01_dataparallel.
+    """
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+    except (OSError, TypeError, SyntaxError):
+        return False
+    node = tree.body[0] if tree.body else None
+    if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return False
+    body = [n for n in node.body if not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant))]
+    if len(body) != 1 or not isinstance(body[0], ast.Raise) or body[0].exc is None:
+        return False
+    exc = body[0].exc.func if isinstance(body[0].exc, ast.Call) else body[0].exc
+    return isinstance(exc, ast.Name) and exc.id == "NotImplementedError"
+
+
+def learner_traceback(exc):
+    """``exc``'s traceback without the check's own frames (from the learner's first frame on). Explained in
+    01_dataparallel."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    start = next((i for i, f in enumerate(frames) if not f.filename.startswith(str(HERE))), len(frames))
+    lines = traceback.format_list(frames[start:]) if start < len(frames) else []
+    return "".join(["Traceback (most recent call last):\n", *lines, *traceback.format_exception_only(exc)])
+
+
+def not_attempted():
+    """The outcome for an untouched starter. Explained in 01_dataparallel."""
+    return Outcome("not attempted", tr("The starter is unchanged: replace `raise NotImplementedError` with your "
+                                       "code, run its cell again, then this check.",
+                                       "スターターはまだそのままです。`raise NotImplementedError` を自分のコードに"
+                                       "置き換えてそのセルを実行し直してから、このチェックを実行してください。"))
+
+
+def learner_error(exc, where=""):
+    """The outcome for an exception the learner's code raised. Explained in 01_dataparallel."""
+    return Outcome("error", tr(f"Your code raised {type(exc).__name__}{where}:", f"あなたのコードで{where}"
+                               f" {type(exc).__name__} が発生しました:"), details=learner_traceback(exc))
+
+
+def call(fn, *args, **kwargs):
+    """Call the learner's ``fn``; its ``NotImplementedError`` or other exception ends the check with "not
+    attempted" or "error" (a :class:`Stop`). Explained in 01_dataparallel."""
+    if not callable(fn):
+        raise Stop(wrong(tr(f"Pass your function to check (got {type(fn).__name__}).",
+                            f"check には関数を渡してください（渡されたのは {type(fn).__name__}）。"), "shape"))
+    try:
+        return fn(*args, **kwargs)
+    except NotImplementedError:
+        raise Stop(not_attempted()) from None
+    except Exception as e:
+        raise Stop(learner_error(e)) from None
+
+
+def value(answer, kind=(int, float)):
+    """The learner's answer when it is a value (``None`` or a starter function: not attempted). Explained in
+    01_dataparallel."""
+    if answer is None:
+        raise Stop(not_attempted())
+    if callable(answer):
+        answer = call(answer)
+    if not isinstance(answer, kind) or isinstance(answer, bool) or (isinstance(answer, float) and
+                                                                     not math.isfinite(answer)):
+        raise Stop(wrong(tr(f"Your answer is {answer!r}; the exercise asks for a number.",
+                            f"答えが {answer!r} です。この問題の答えは数値です。"), "shape"))
+    return answer
+
+
+# ---- check and hint ---------------------------------------------------------------------------------------------
+def check(number, answer=None, **options):
+    """Check the learner's ``answer`` to exercise ``number`` and return the :class:`Outcome` (shown as the cell's
+    result). Explained in 01_dataparallel."""
+    ex = lookup(number)
+    outcome = decide(ex, answer, options)
+    outcome.number = number
+    if outcome.status in ("wrong", "not attempted"):
+        outcome.hint = (ex.mistake_text(outcome.hint_key) if outcome.hint_key else None) or ex.hint_text(1)
+        outcome.levels = [tr(*h) for h in ex.hints]
+    return outcome
+
+
+def decide(ex, answer, options):
+    """Run ``ex``'s check function on ``answer``; sort out whose failure an exception is."""
+    if answer is None:
+        return not_attempted()
+    if ex.needs == "gpu" and not torch.cuda.is_available():
+        return cannot_run(tr("This exercise needs a CUDA GPU, and this machine has none. Nothing is wrong with your "
+                             "answer: run the check on a machine with a GPU.",
+                             "この練習問題には CUDA GPU が必要ですが、このマシンにはありません。答えが間違っている"
+                             "わけではありません。GPU のあるマシンでチェックしてください。"))
+    if callable(answer) and is_starter(answer):
+        return not_attempted()
+    try:
+        outcome = ex.check(answer, **options)
+        if not isinstance(outcome, Outcome):
+            raise TypeError(f"the check of {ex.number} returned {outcome!r}, not an Outcome")
+        if outcome.hint_key and ex.mistake_text(outcome.hint_key) is None:
+            raise KeyError(f"the check of {ex.number} named the unknown mistake {outcome.hint_key!r}")
+        return outcome
+    except Stop as s:
+        return s.outcome
+    except Exception as e:
+        return Outcome("check failed", tr(
+            "The check itself failed: this is not a verdict on your answer. Please report it with the text below.",
+            "チェック自体が失敗しました。あなたの答えの判定ではありません。下の内容を添えて報告してください。"),
+            details="".join(traceback.format_exception(e)))
+
+
+def hint(number, level=None):
+    """Print the next hint level of exercise ``number`` (or ``level``); the last is nearly the code, never the
+    answer. Explained in 01_dataparallel."""
+    ex = lookup(number)
+    if level is None:
+        level = min(SHOWN.get(number, 0) + 1, len(ex.hints))
+    if not (isinstance(level, int) and 1 <= level <= len(ex.hints)):
+        raise ConfigError(tr(f"hint({number!r}, {level!r}): use a level from 1 to {len(ex.hints)}.",
+                             f"hint({number!r}, {level!r}): 段階は 1 から {len(ex.hints)} までで指定してください。"))
+    SHOWN[number] = max(SHOWN.get(number, 0), level)
+    print(tr(f"Hint {level} of {len(ex.hints)} for exercise {number}: ",
+             f"練習問題 {number} のヒント {level}/{len(ex.hints)}: ") + ex.hint_text(level))
+
+
+# ---- Comparing ------------------------------------------------------------------------------------------------
+def first_mismatch(got, expected, rtol=1e-5, atol=1e-6):
+    """``None`` if the tensors agree, else ``(index, learner's value)`` of the first element that differs (or
+    ``("shape", got.shape)``). Explained in 01_dataparallel."""
+    if not isinstance(got, torch.Tensor):
+        return ("type", type(got).__name__)
+    if got.shape != expected.shape:
+        return ("shape", tuple(got.shape))
+    got_c, exp_c = got.detach().cpu(), expected.detach().cpu()
+    if got_c.is_floating_point() or exp_c.is_floating_point():
+        bad = ~torch.isclose(got_c.double(), exp_c.double(), rtol=rtol, atol=atol, equal_nan=False)
+    else:
+        bad = got_c != exp_c
+    if not bad.any():
+        return None
+    index = tuple(int(i) for i in bad.nonzero()[0])
+    return (index, got_c[index].item())
+
+
+def mismatch_text(where, mismatch):
+    """The learner-facing sentence for a :func:`first_mismatch` result; ``where`` names the output ("rank 1's
+    result"). Explained in 01_dataparallel."""
+    kind, val = mismatch
+    if kind == "type":
+        return tr(f"{where} is a {val}, not a tensor.", f"{where}がテンソルではなく {val} です。")
+    if kind == "shape":
+        return tr(f"{where} has shape {val}, not the expected one.", f"{where}の形が {val} で、期待される形と違います。")
+    return tr(f"{where} first differs at index {list(kind)}: your value is {val:.6g}.",
+              f"{where}はインデックス {list(kind)} で最初に食い違います。あなたの値は {val:.6g} です。")
+
+
+# ---- Distributed exercises -------------------------------------------------------------------------------------
+@dataclass
+class RankResult:
+    """What one rank of :func:`run_ranks` left: the learner's ``value`` or ``error``, and the check's ``reference``.
+
+    ``error`` is ``None`` or ``(kind, "Type: message", traceback)`` with kind "error", "not attempted", "hang"
+    (a collective that timed out or lost its partner) or "stuck" (still running at the time limit).
+    Explained in 01_dataparallel.
+    """
+    rank: int
+    value: object = None
+    error: tuple | None = None
+    reference: object = None
+
+
+HANG = re.compile(r"timed out|timeout|connection closed|connection reset|broken pipe|peer", re.IGNORECASE)
+
+
+class StillRunning(Exception):
+    """Raised by the alarm in a rank whose code runs past the check's time limit."""
+
+
+def rank_harness(module, qualname, args, kwargs, reference, folder, limit):
+    """The function each rank of :func:`run_ranks` runs: the check's ``reference`` first (a module-level callable,
+    on a clean group), then the learner's function imported by name; writes a :class:`RankResult`.
+    Explained in 01_dataparallel."""
+    import torch.distributed as dist
+
+    rank = dist.get_rank()
+    result = RankResult(rank)
+    if reference is not None:
+        result.reference = reference(*args, **kwargs)
+    fn = importlib.import_module(module)
+    for part in qualname.split("."):
+        fn = getattr(fn, part)
+
+    def alarm(signum, frame):
+        raise StillRunning(f"still running after {limit} s")
+
+    signal.signal(signal.SIGALRM, alarm)
+    signal.alarm(int(limit))
+    try:
+        result.value = fn(*args, **kwargs)
+        if isinstance(result.value, torch.Tensor):
+            result.value = result.value.detach().cpu()
+    except NotImplementedError as e:
+        result.error = ("not attempted", f"NotImplementedError: {e}", "")
+    except StillRunning as e:
+        result.error = ("stuck", str(e), learner_traceback(e))
+    except Exception as e:
+        kind = "hang" if HANG.search(str(e)) or type(e).__name__ == "DistBackendError" else "error"
+        summary = re.sub(r"\[[^\]]*\.(cc|cpp|h):\d+\] ", "", f"{type(e).__name__}: {e}".splitlines()[0])
+        result.error = (kind, summary[:300], learner_traceback(e))
+    finally:
+        signal.alarm(0)
+    with open(Path(folder) / f"rank{rank}.pkl", "wb") as f:
+        pickle.dump(result, f)
+    return None
+
+
+def importable(fn):
+    """``(module, qualname)`` by which a fresh process imports the learner's ``fn``; else a :class:`Stop` saying
+    to write it in a ``%%worker`` cell. Explained in 01_dataparallel."""
+    module, name = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
+    if not callable(fn) or module in (None, "__main__", "__mp_main__") or "<" in name:
+        raise Stop(wrong(tr(
+            "The other processes cannot import this function: write it in a cell that starts with "
+            "`%%worker my_workers` (after `%load_ext mparlib.launch`), then `from my_workers import ...` and check "
+            "that.",
+            "このままでは他のプロセスがこの関数をインポートできません。`%load_ext mparlib.launch` のあと "
+            "`%%worker my_workers` で始まるセルに書き、`from my_workers import ...` でインポートしたものをチェック"
+            "してください。"), "shape"))
+    return module, name
+
+
+def run_ranks(fn, nproc, args=(), kwargs=None, *, reference=None, timeout=20, limit=45):
+    """Run the learner's ``fn(*args, **kwargs)`` on ``nproc`` fresh processes (a fresh process group); return the
+    list of :class:`RankResult`, or end the check (:class:`Stop`) when a rank failed or hung, naming the rank.
+
+    ``reference``: a module-level function of the check run first on every rank with the same arguments (e.g.
+    PyTorch's own collective). ``timeout`` bounds each collective; ``limit`` (seconds) the learner's code on a
+    rank. Explained in 01_dataparallel.
+    """
+    from ..launch import launch
+
+    if is_starter(fn):
+        raise Stop(not_attempted())
+    module, name = importable(fn)
+    with tempfile.TemporaryDirectory(prefix="mparlib-check-") as folder:
+        try:
+            launch(rank_harness, nproc, args=(module, name, tuple(args), dict(kwargs or {}), reference, folder, limit),
+                   echo=False, timeout=timeout)
+        except WorkerFailed as e:
+            raise Stop(Outcome("error", tr(f"A process ended abruptly ({e.cause or 'rank ' + str(e.rank)}):",
+                                           f"プロセスが突然終了しました（{e.cause or 'ランク ' + str(e.rank)}）:"),
+                               details=str(e))) from None
+        except MparlibError as e:  # a course error the learner's code raised in a rank
+            raise Stop(learner_error(e, tr(" in a rank", "（あるランク）"))) from None
+        results = []
+        for r in range(nproc):
+            path = Path(folder) / f"rank{r}.pkl"
+            results.append(pickle.loads(path.read_bytes()) if path.exists() else RankResult(r, error=(
+                "error", "no result", "")))
+    settle(results, timeout, limit)
+    return results
+
+
+def settle(results, timeout, limit):
+    """End the check for ranks that failed: "not attempted", a hang naming the waiting and the missing ranks, or the
+    learner's error from the first failing rank. Explained in 01_dataparallel."""
+    errors = {r.rank: r.error for r in results if r.error}
+    if not errors:
+        return
+    if any(kind == "not attempted" for kind, _, _ in errors.values()):
+        raise Stop(not_attempted())
+    waited = [r for r, (kind, _, _) in errors.items() if kind in ("hang", "stuck")]
+    if waited and all(kind in ("hang", "stuck") for kind, _, _ in errors.values()):
+        done = [r.rank for r in results if not r.error]
+        first = waited[0]
+        msg = tr(f"Rank {first} waited in a collective or send/recv that its partner never joined "
+                 f"(given up after {timeout:g} s; stuck ranks: {waited}; ranks that returned: {done}). "
+                 f"Rank {first}'s error: {errors[first][1]}",
+                 f"ランク {first} は、相手が加わらない集団通信か send/recv で待ち続けました（{timeout:g} 秒で打ち"
+                 f"切り。止まったランク: {waited}、戻ったランク: {done}）。ランク {first} のエラー: {errors[first][1]}")
+        if errors[first][0] == "stuck":
+            msg = tr(f"Rank {first} was still running after {limit:g} s (ranks stuck: {waited}).",
+                     f"ランク {first} は {limit:g} 秒たってもまだ実行中でした（止まったランク: {waited}）。")
+        raise Stop(wrong(msg, "hang"))
+    first = min(r for r, (kind, _, _) in errors.items() if kind == "error")
+    kind, summary, trace = errors[first]
+    raise Stop(Outcome("error", tr(f"Rank {first} raised {summary}", f"ランク {first} で {summary} が発生しました"),
+                       details=trace))
+
+
+def environment_note():
+    """One line naming this machine for a measured answer's message. Explained in 01_dataparallel."""
+    return f"torch {torch.__version__}, {os.cpu_count()} CPU cores, Python {sys.version.split()[0]}"
