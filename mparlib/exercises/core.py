@@ -48,12 +48,12 @@ COMMON_MISTAKES = {
     "hang": ("A rank waited for a partner that never came. Every collective must be called by every rank, in the "
              "same order; every send needs a matching recv on the other side. Look for an `if rank == ...` around a "
              "collective, or two ranks that both receive first.",
-             "あるランクが、来ない相手を待ち続けました。集団通信はすべてのランクが同じ順序で呼ぶ必要があり、send には"
-             "相手側の recv が対応していなければなりません。集団通信を囲む `if rank == ...` や、両方のランクが先に受信"
+             "あるランクが、来ない相手を待ち続けました。集合通信はすべてのランクが同じ順序で呼ぶ必要があり、send には"
+             "相手側の recv が対応していなければなりません。集合通信を囲む `if rank == ...` や、両方のランクが先に受信"
              "しようとしていないかを探してください。"),
     "shape": ("The result has the wrong shape or type: compare what your function returns with what the exercise "
               "asks for.",
-              "結果の形か型が違います。関数が返すものと、問題が求めるものを比べてください。"),
+              "結果の形状か型が違います。関数が返すものと、問題が求めるものを比べてください。"),
 }
 
 
@@ -250,9 +250,10 @@ def learner_error(exc, where=""):
                                f" {type(exc).__name__} が発生しました:"), details=learner_traceback(exc))
 
 
-def call(fn, *args, **kwargs):
+def call(fn, *args, on_error=None, **kwargs):
     """Call the learner's ``fn``; its ``NotImplementedError`` or other exception ends the check with "not
-    attempted" or "error" (a :class:`Stop`). Explained in 01_dataparallel."""
+    attempted" or "error" (a :class:`Stop`). ``on_error(exc)`` may name the likely mistake behind an exception
+    (a hint key, or ``None``). Explained in 01_dataparallel."""
     if not callable(fn):
         raise Stop(wrong(tr(f"Pass your function to check (got {type(fn).__name__}).",
                             f"check には関数を渡してください（渡されたのは {type(fn).__name__}）。"), "shape"))
@@ -261,7 +262,17 @@ def call(fn, *args, **kwargs):
     except NotImplementedError:
         raise Stop(not_attempted()) from None
     except Exception as e:
-        raise Stop(learner_error(e)) from None
+        outcome = learner_error(e)
+        outcome.hint_key = safe_key(on_error, e)
+        raise Stop(outcome) from None
+
+
+def safe_key(on_error, exc):
+    """The hint key ``on_error`` gives for ``exc`` (``None`` when there is none or it fails)."""
+    try:
+        return on_error(exc) if on_error else None
+    except Exception:
+        return None
 
 
 def value(answer, kind=(int, float)):
@@ -285,7 +296,7 @@ def check(number, answer=None, **options):
     ex = lookup(number)
     outcome = decide(ex, answer, options)
     outcome.number = number
-    if outcome.status in ("wrong", "not attempted"):
+    if outcome.status in ("wrong", "not attempted") or (outcome.status == "error" and outcome.hint_key):
         outcome.hint = (ex.mistake_text(outcome.hint_key) if outcome.hint_key else None) or ex.hint_text(1)
         outcome.levels = [tr(*h) for h in ex.hints]
     return outcome
@@ -303,14 +314,15 @@ def decide(ex, answer, options):
     if callable(answer) and is_starter(answer):
         return not_attempted()
     try:
-        outcome = ex.check(answer, **options)
+        try:
+            outcome = ex.check(answer, **options)
+        except Stop as s:
+            outcome = s.outcome
         if not isinstance(outcome, Outcome):
             raise TypeError(f"the check of {ex.number} returned {outcome!r}, not an Outcome")
         if outcome.hint_key and ex.mistake_text(outcome.hint_key) is None:
             raise KeyError(f"the check of {ex.number} named the unknown mistake {outcome.hint_key!r}")
         return outcome
-    except Stop as s:
-        return s.outcome
     except Exception as e:
         return Outcome("check failed", tr(
             "The check itself failed: this is not a verdict on your answer. Please report it with the text below.",
@@ -358,9 +370,64 @@ def mismatch_text(where, mismatch):
     if kind == "type":
         return tr(f"{where} is a {val}, not a tensor.", f"{where}がテンソルではなく {val} です。")
     if kind == "shape":
-        return tr(f"{where} has shape {val}, not the expected one.", f"{where}の形が {val} で、期待される形と違います。")
+        return tr(f"{where} has shape {val}, not the expected one.", f"{where}の形状が {val} で、期待される形状と違います。")
     return tr(f"{where} first differs at index {list(kind)}: your value is {val:.6g}.",
               f"{where}はインデックス {list(kind)} で最初に食い違います。あなたの値は {val:.6g} です。")
+
+
+def show_call(fn, args):
+    """``name(arg, ...)`` as the learner would write the call. Explained in 01_dataparallel."""
+    name = getattr(fn, "__name__", "answer")
+    return f"{name}({', '.join(repr(a) for a in args)})"
+
+
+def compare_cases(answer, cases, reference, detectors=(), same=None):
+    """Check a formula: call ``answer(*case)`` for each case and compare with ``reference(*case)`` (never shown).
+
+    ``same(got, expected)`` decides equality (default ``==``; floats: relative 1e-6). ``detectors``: ``(key,
+    predicate(case, got, expected))`` pairs; the first that holds names the mistake. Returns an :class:`Outcome`.
+    Explained in 01_dataparallel.
+    """
+    same = same or close_enough
+    for case in cases:
+        got, expected = call(answer, *case), reference(*case)
+        if same(got, expected):
+            continue
+        key = next((k for k, predicate in detectors if safe(predicate, case, got, expected)), None)
+        return wrong(tr(f"{show_call(answer, case)} returned {got!r}, which is not right.",
+                        f"{show_call(answer, case)} が {got!r} を返しましたが、これは正しくありません。"), key)
+    return right(tr(f"Your function agrees with the check on all {len(cases)} cases.",
+                    f"{len(cases)}通りのすべての場合で、あなたの関数はチェックと一致しました。"))
+
+
+def safe(predicate, *args):
+    """``predicate(*args)``, or False if it raises (a learner's odd value must not crash a mistake detector).
+    Explained in 01_dataparallel."""
+    try:
+        return bool(predicate(*args))
+    except Exception:
+        return False
+
+
+def close_enough(got, expected, rel=1e-6):
+    """Equality of numbers (relative ``rel``), sequences of them, or anything else by ``==``. Explained in
+    01_dataparallel."""
+    if isinstance(expected, (int, float)) and not isinstance(expected, bool):
+        return isinstance(got, (int, float)) and not isinstance(got, bool) and math.isclose(
+            got, expected, rel_tol=rel, abs_tol=1e-12)
+    if isinstance(expected, (list, tuple)):
+        return isinstance(got, (list, tuple)) and len(got) == len(expected) and all(
+            close_enough(g, e, rel) for g, e in zip(got, expected))
+    return got == expected
+
+
+def ratio(got, expected):
+    """``got / expected`` for numbers (``None`` if not defined): the mistake detectors' favourite. Explained in
+    01_dataparallel."""
+    try:
+        return float(got) / float(expected) if float(expected) != 0 else None
+    except (TypeError, ValueError):
+        return None
 
 
 # ---- Distributed exercises -------------------------------------------------------------------------------------
@@ -485,7 +552,7 @@ def settle(results, timeout, limit):
         msg = tr(f"Rank {first} waited in a collective or send/recv that its partner never joined "
                  f"(given up after {timeout:g} s; stuck ranks: {waited}; ranks that returned: {done}). "
                  f"Rank {first}'s error: {errors[first][1]}",
-                 f"ランク {first} は、相手が加わらない集団通信か send/recv で待ち続けました（{timeout:g} 秒で打ち"
+                 f"ランク {first} は、相手が加わらない集合通信か send/recv で待ち続けました（{timeout:g} 秒で打ち"
                  f"切り。止まったランク: {waited}、戻ったランク: {done}）。ランク {first} のエラー: {errors[first][1]}")
         if errors[first][0] == "stuck":
             msg = tr(f"Rank {first} was still running after {limit:g} s (ranks stuck: {waited}).",

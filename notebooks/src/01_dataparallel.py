@@ -446,16 +446,6 @@ assert gap < 1e-12, gap
 # - For the same global batch, the gradient is the one a single device computes (batch normalization in
 #   training mode aside); when you grow the batch with the number of devices, revisit the learning rate.
 # - For serious training prefer `DistributedDataParallel` (chapter 6).
-#
-# ## Exercises
-#
-# 1. Predict how many chunks a batch of 6 rows gives on 4 devices, and their sizes. Check with the probe:
-#    `data_parallel(probed, numbered_batch(6), ["cpu"] * 4)`, then look at `in_batch_order(log)`.
-# 2. What does each of 3 devices compute for a global batch of 256? Check with `torch.arange(256).chunk(3)`.
-# 3. Repeat the one-step comparison with 63 rows instead of 64 (not divisible by 4). Is the result still the
-#    same? Explain why.
-# 4. Insert `nn.BatchNorm1d(32)` after the first linear layer of `single` and run the comparison again, once as
-#    it is and once after calling `.eval()` on both models. Which case keeps the equality?
 # <!-- ja -->
 # ## まとめ
 #
@@ -464,10 +454,104 @@ assert gap < 1e-12, gap
 # - モジュールは最初の呼び出しの前に `device_ids[0]` へ置きます。結果（と損失）は `output_device` に置かれ、GPU 0 がいちばん多くのメモリを使います。
 # - 全体のバッチサイズが同じなら、勾配は 1つのデバイスで計算したものと同じです（訓練モードのバッチ正規化は例外）。デバイスの数に合わせてバッチを大きくするときは、学習率を見直します。
 # - 本格的な訓練には `DistributedDataParallel` を使いましょう（6章）。
+
+# %% [markdown]
+# <!-- en -->
+# ## Exercises
 #
+# Each exercise below has a **starter** cell: a function whose body is `raise NotImplementedError`. Replace that
+# line with your code, run the cell, then run the check cell under it. The check runs your function on its own
+# inputs and says one of: *not attempted* (the starter is unchanged), *wrong* (the first case that goes wrong and a
+# hint for the likely mistake), *error* (your exception and its traceback), *right*, or *cannot run here*.
+# It never prints the answer. `hint("01.1")` prints the next hint each time you call it, from where to look to
+# nearly the code; `hint("01.1", 2)` prints a given level. The stored notebook shows the checks of the untouched
+# starters.
+# <!-- ja -->
 # ## 練習問題
 #
-# 1. 6行のバッチを 4つのデバイスで処理すると、チャンクはいくつできて、それぞれ何行になるでしょうか。予想してから、プローブ層で確かめてください。`data_parallel(probed, numbered_batch(6), ["cpu"] * 4)` を実行し、`in_batch_order(log)` を見ます。
-# 2. 全体のバッチサイズが 256 のとき、3つのデバイスはそれぞれ何行を計算するでしょうか。`torch.arange(256).chunk(3)` で確かめてください。
-# 3. 1ステップの比較を 64行ではなく 63行（4 で割り切れない数）でやり直してください。結果はやはり同じでしょうか。理由も説明してください。
-# 4. `single` の最初の線形層の直後に `nn.BatchNorm1d(32)` を入れて、比較をもう一度実行してください。そのままの場合と、両方のモデルで `.eval()` を呼んだ場合の 2通りを試します。等しさが保たれるのはどちらでしょうか。
+# 以下の練習問題には、それぞれ**スターター**のセルがあります。本体が `raise NotImplementedError` だけの関数です。その行を自分のコードに置き換えてセルを実行し、すぐ下のチェックのセルを実行してください。チェックは独自の入力で関数を実行し、結果を次のどれかで伝えます。「未着手」（スターターのまま）、「不正解」（最初に食い違った場合と、ありがちな間違いに合わせたヒント）、「エラー」（発生した例外とトレースバック）、「正解」、「この環境では実行できません」です。答えそのものは表示しません。`hint("01.1")` は呼ぶたびに次の段階のヒントを表示します（どこを見ればよいかから、ほぼコードそのものまで）。`hint("01.1", 2)` のように段階を指定することもできます。保存されているノートブックには、スターターのままでのチェック結果が表示されています。
+
+# %%
+from mparlib.exercises import check, hint
+
+# %% [markdown]
+# <!-- en -->
+# ### Exercise 01.1: Chunk sizes
+#
+# Write `chunk_sizes(batch, k)`: the number of rows each device receives when `scatter` splits a batch of
+# `batch` rows over `k` devices, as a list in device order. Devices that receive nothing do not appear.
+# Work it out from the rule of this chapter, without calling `torch.chunk` or `data_parallel`.
+# <!-- ja -->
+# ### 練習問題 01.1: チャンクの大きさ
+#
+# `batch` 行のバッチを `scatter` が `k`個のデバイスに分けるとき、各デバイスが受け取る行数をデバイスの順に並べたリストを返す `chunk_sizes(batch, k)` を書いてください。何も受け取らないデバイスはリストに含めません。`torch.chunk` や `data_parallel` を呼ばずに、この章の規則から求めてください。
+
+# %%
+# Exercise 01.1: starter
+def chunk_sizes(batch, k):
+    """Rows per device, in device order, when a batch of `batch` rows is scattered over `k` devices."""
+    raise NotImplementedError("01.1")
+
+
+# %%
+check("01.1", chunk_sizes)
+
+# %% [markdown]
+# <!-- en -->
+# ### Exercise 01.2: Linear scaling with warm-up
+#
+# Growing the global batch `k`-fold (one device's batch per device) calls for `k` times the learning rate, reached
+# through a warm-up. Write `warmup_lr(step, base_lr, k, warmup_steps)`: the learning rate at optimizer step `step`
+# (counted from 0) when the single-device rate is `base_lr`, the warm-up rises linearly from `base_lr` to
+# `k * base_lr` over the first `warmup_steps` steps, and the rate stays at `k * base_lr` from then on.
+# <!-- ja -->
+# ### 練習問題 01.2: ウォームアップ付きの線形スケーリング則
+#
+# 全体のバッチを `k`倍にする（デバイスごとに 1台分のバッチを割り当てる）なら、学習率も `k`倍にし、ウォームアップを経てそこに到達させます。最適化のステップ `step`（0 から数えます）での学習率を返す `warmup_lr(step, base_lr, k, warmup_steps)` を書いてください。1台のときの学習率は `base_lr` で、最初の `warmup_steps` ステップの間に `base_lr` から `k * base_lr` まで直線的に上がり、その後は `k * base_lr` のままです。
+
+# %%
+# Exercise 01.2: starter
+def warmup_lr(step, base_lr, k, warmup_steps):
+    """The learning rate at step `step` under the linear scaling rule with a linear warm-up."""
+    raise NotImplementedError("01.2")
+
+
+# %%
+check("01.2", warmup_lr)
+
+# %% [markdown]
+# <!-- en -->
+# ### Exercise 01.3: One step on simulated devices
+#
+# Write `dp_sgd_step(model, X, Y, devices, lr)`: one step of plain SGD with learning rate `lr` on the mean squared
+# error of `model` on `(X, Y)`, with the batch split over `devices` by `data_parallel`. The check gives you a
+# model in float64, a batch of 63 rows (not a multiple of the 4 simulated devices) and compares the parameters
+# after your step with one step on a single device.
+# <!-- ja -->
+# ### 練習問題 01.3: 模擬デバイスでの 1ステップ
+#
+# `(X, Y)` に対する `model` の平均二乗誤差で、学習率 `lr` のふつうの SGD を 1ステップ進める `dp_sgd_step(model, X, Y, devices, lr)` を書いてください。バッチは `data_parallel` で `devices` に分けます。チェックは float64 のモデルと 63行のバッチ（4つの模擬デバイスで割り切れない行数）を渡し、ステップ後のパラメータを 1つのデバイスでの 1ステップと比べます。
+
+# %%
+# Exercise 01.3: starter
+def dp_sgd_step(model, X, Y, devices, lr):
+    """One SGD step on the MSE loss, with the forward pass split over `devices` by data_parallel."""
+    raise NotImplementedError("01.3")
+
+
+# %%
+check("01.3", dp_sgd_step)
+
+# %% [markdown]
+# <!-- en -->
+# ### More questions
+#
+# 1. Repeat the one-step comparison of this chapter with 63 rows instead of 64. The result is still the same:
+#    explain why, in terms of how the gradients of the replicas are combined.
+# 2. Insert `nn.BatchNorm1d(32)` after the first linear layer of `single` and run the comparison again, once as
+#    it is and once after calling `.eval()` on both models. Which case keeps the equality?
+# <!-- ja -->
+# ### その他の問い
+#
+# 1. この章の 1ステップの比較を 64行ではなく 63行でやり直してください。結果はやはり同じです。レプリカの勾配がどのように合わさるかという観点から、理由を説明してください。
+# 2. `single` の最初の線形層の直後に `nn.BatchNorm1d(32)` を入れて、比較をもう一度実行してください。そのままの場合と、両方のモデルで `.eval()` を呼んだ場合の 2通りを試します。等しさが保たれるのはどちらでしょうか。

@@ -447,18 +447,6 @@ with tempfile.TemporaryDirectory() as folder:
 #   `wrapper.module.name` whenever a name could collide, and assign through `.module`.
 # - Save `unwrap(model).state_dict()` (or use `mparlib.save_checkpoint`), and checkpoints move freely between
 #   wrapped and plain models, bit for bit.
-#
-# ## Exercises
-#
-# 1. Add a property `num_classes` to `Classifier` (returning `len(self.class_names)`). Check that
-#    `AttrDataParallel` reaches it and `nn.DataParallel` does not.
-# 2. Give `Classifier` a method named `gather`. Which one does `AttrDataParallel(model).gather` return? Check
-#    with `AttrDataParallel(model).gather.__func__ is nn.DataParallel.gather`.
-# 3. Save a checkpoint the naive way, `torch.save(wrapped.state_dict(), path)`, and load it into a plain
-#    `Classifier` with `mparlib.load_checkpoint`. Verify with `same_state` that nothing was lost.
-# 4. Make an incomplete checkpoint: `state = unwrap(model).state_dict()`, `del state["head.bias"]`,
-#    `torch.save(state, path)`. Load it into a fresh `Classifier` with `load_checkpoint`, once as it is and once
-#    with `strict=False`. What does each call tell you, and which values does the model hold afterwards?
 # <!-- ja -->
 # ## まとめ
 #
@@ -466,10 +454,103 @@ with tempfile.TemporaryDirectory() as folder:
 # - チュートリアルの 1行の `__getattr__` は無限に再帰します。`self.module` 自体が `__getattr__` を通してしか見つからないからです。先に `super().__getattr__` に尋ねれば直り、`mparlib.AttrDataParallel` はそのように実装されています。
 # - ラッパー自身の名前はモデルの名前より優先されます。`dim` に至っては、マシンに GPU があるかどうかで意味が変わります。衝突しうる名前には `wrapper.module.name` を使い、代入も `.module` を通して行いましょう。
 # - `unwrap(model).state_dict()` を保存すれば（または `mparlib.save_checkpoint` を使えば）、チェックポイントはラップしたモデルとしていないモデルの間を 1ビットも失わずに行き来できます。
+
+# %% [markdown]
+# <!-- en -->
+# ## Exercises
 #
+# As in chapter 1: complete each starter, run it, then its check cell; `hint("02.1")` gives the next hint.
+# <!-- ja -->
 # ## 練習問題
 #
+# 1章と同じように、スターターを完成させて実行し、その下のチェックのセルを実行してください。`hint("02.1")` で次のヒントが表示されます。
+
+# %%
+from mparlib.exercises import check, hint
+
+# %% [markdown]
+# <!-- en -->
+# ### Exercise 02.1: Who answers the name?
+#
+# Write `owner(wrapper, name)` for an `AttrDataParallel` wrapper: return `"wrapper"` if `wrapper.name` is answered
+# by the wrapper itself, `"model"` if the lookup goes on to the wrapped model, and `None` if neither has the name.
+# Decide it from where the name lives, without calling `getattr(wrapper, name)`. The check asks about methods,
+# buffers, submodules, plain attributes and names that both have.
+# <!-- ja -->
+# ### 練習問題 02.1: 名前に答えるのはどちらか
+#
+# `AttrDataParallel` のラッパーについて、`wrapper.name` にラッパー自身が答えるなら `"wrapper"`、探索がラップされたモデルまで進むなら `"model"`、どちらにもその名前がなければ `None` を返す `owner(wrapper, name)` を書いてください。`getattr(wrapper, name)` を呼ばずに、名前がどこにあるかから判断します。チェックはメソッド、バッファ、サブモジュール、ふつうの属性、両方にある名前について尋ねます。
+
+# %%
+# Exercise 02.1: starter
+def owner(wrapper, name):
+    """"wrapper", "model" or None: who answers `wrapper.name` for an AttrDataParallel wrapper."""
+    raise NotImplementedError("02.1")
+
+
+# %%
+check("02.1", owner)
+
+# %% [markdown]
+# <!-- en -->
+# ### Exercise 02.2: Removing the `module.` prefix
+#
+# Write `strip_module_prefix(state)`: a new state dict in which every key that starts with `module.` loses that
+# one prefix; other keys, the order and the tensors stay as they are, and `state` itself is not changed. It is
+# what loading a checkpoint saved from a wrapper into a plain model needs. Beware of keys in which `module`
+# is a real submodule's name.
+# <!-- ja -->
+# ### 練習問題 02.2: `module.` の接頭辞の除去
+#
+# `module.` で始まるキーからその接頭辞を 1つだけ取り除いた、新しい状態辞書を返す `strip_module_prefix(state)` を書いてください。ほかのキー、順序、テンソルはそのままにし、`state` 自体は変えません。ラッパーから保存したチェックポイントをラップしていないモデルに読み込むときに必要な処理です。`module` が本物のサブモジュールの名前になっているキーに気をつけてください。
+
+# %%
+# Exercise 02.2: starter
+def strip_module_prefix(state):
+    """A new state dict with one leading "module." removed from each key that has it."""
+    raise NotImplementedError("02.2")
+
+
+# %%
+check("02.2", strip_module_prefix)
+
+# %% [markdown]
+# <!-- en -->
+# ### Exercise 02.3: What a load would miss
+#
+# Write `missing_and_unexpected(model, state)`: the keys of the model's state that the checkpoint `state` lacks,
+# and the keys of `state` that the model does not have, as two sorted lists, without loading anything into the
+# model. The check compares your lists with the keys themselves on incomplete, extended, wrapped and matching
+# checkpoints of a model with batch normalization.
+# <!-- ja -->
+# ### 練習問題 02.3: 読み込みで足りないもの
+#
+# モデルの状態のうちチェックポイント `state` にないキーと、`state` にあってモデルにないキーを、並べ替えた 2つのリストとして返す `missing_and_unexpected(model, state)` を書いてください。モデルには何も読み込みません。チェックは、バッチ正規化を含むモデルの、欠けたもの、余分なものを含むもの、ラップしたもの、一致するものの各チェックポイントで、あなたのリストをキーそのものと比べます。
+
+# %%
+# Exercise 02.3: starter
+def missing_and_unexpected(model, state):
+    """(missing, unexpected): sorted lists of keys, without loading anything."""
+    raise NotImplementedError("02.3")
+
+
+# %%
+check("02.3", missing_and_unexpected)
+
+# %% [markdown]
+# <!-- en -->
+# ### More questions
+#
+# 1. Add a property `num_classes` to `Classifier` (returning `len(self.class_names)`). Check that
+#    `AttrDataParallel` reaches it and `nn.DataParallel` does not.
+# 2. Save a checkpoint the naive way, `torch.save(wrapped.state_dict(), path)`, and load it into a plain
+#    `Classifier` with `mparlib.load_checkpoint`. Verify with `same_state` that nothing was lost.
+# 3. Make an incomplete checkpoint: `state = unwrap(model).state_dict()`, `del state["head.bias"]`,
+#    `torch.save(state, path)`. Load it into a fresh `Classifier` with `load_checkpoint`, once as it is and once
+#    with `strict=False`. What does each call tell you, and which values does the model hold afterwards?
+# <!-- ja -->
+# ### その他の問い
+#
 # 1. `Classifier` にプロパティ `num_classes`（`len(self.class_names)` を返す）を追加してください。`AttrDataParallel` からは参照でき、`nn.DataParallel` からは参照できないことを確かめます。
-# 2. `Classifier` に `gather` という名前のメソッドを追加してください。`AttrDataParallel(model).gather` はどちらのメソッドを返すでしょうか。`AttrDataParallel(model).gather.__func__ is nn.DataParallel.gather` で確かめます。
-# 3. 素朴な方法 `torch.save(wrapped.state_dict(), path)` でチェックポイントを保存し、`mparlib.load_checkpoint` でラップしていない `Classifier` に読み込んでください。`same_state` で何も失われていないことを確かめます。
-# 4. 不完全なチェックポイントを作ってください。`state = unwrap(model).state_dict()`、`del state["head.bias"]`、`torch.save(state, path)` の順に実行します。これを `load_checkpoint` で新しい `Classifier` に読み込みます。そのままの場合と `strict=False` を付けた場合で、それぞれ何が報告されるでしょうか。読み込んだ後のモデルはどの値を持っているでしょうか。
+# 2. 素朴な方法 `torch.save(wrapped.state_dict(), path)` でチェックポイントを保存し、`mparlib.load_checkpoint` でラップしていない `Classifier` に読み込んでください。`same_state` で何も失われていないことを確かめます。
+# 3. 不完全なチェックポイントを作ってください。`state = unwrap(model).state_dict()`、`del state["head.bias"]`、`torch.save(state, path)` の順に実行します。これを `load_checkpoint` で新しい `Classifier` に読み込みます。そのままの場合と `strict=False` を付けた場合で、それぞれ何が報告されるでしょうか。読み込んだ後のモデルはどの値を持っているでしょうか。

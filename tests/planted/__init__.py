@@ -1,0 +1,1 @@
+"""Planted wrong answers: each chapter module lists ``PLANTED``, ``(number, hint key it must trigger, answer)``."""

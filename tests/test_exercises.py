@@ -1,0 +1,285 @@
+"""Every exercise's check can fail and can pass: it accepts its solution, says "not attempted" for the starter the
+chapter ships, and rejects each planted wrong answer with the hint meant for that mistake. Generic over every
+chapter module present in mparlib/exercises/ (solutions/chNN.py and tests/planted/chNN.py go with it)."""
+import ast
+import importlib
+import re
+import sys
+import time
+import types
+from pathlib import Path
+
+import pytest
+
+from mparlib.exercises import check, hint, registered
+from mparlib.exercises import core
+from mparlib.workers import write_worker
+
+ROOT = Path(__file__).resolve().parents[1]
+SRC = ROOT / "notebooks" / "src"
+EXERCISES = registered()
+CHAPTERS = sorted({n[:2] for n in EXERCISES})
+STARTER = re.compile(r"^# Exercise (\d\d\.\d+): starter$", re.MULTILINE)
+CHECK_CALL = re.compile(r"""check\(["'](\d\d\.\d+)["'],\s*([A-Za-z_][A-Za-z0-9_]*)""")
+
+
+def solutions(chapter):
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    return importlib.import_module(f"solutions.ch{chapter}").SOLUTIONS
+
+
+def planted(chapter):
+    return importlib.import_module(f"planted.ch{chapter}").PLANTED
+
+
+def source(chapter):
+    return next(SRC.glob(f"{chapter}_*.py")).read_text(encoding="utf-8")
+
+
+def cells(text):
+    """``(kind, body)`` of each cell of a jupytext percent source."""
+    out = []
+    for block in re.split(r"^# %%", text, flags=re.MULTILINE)[1:]:
+        head, _, body = block.partition("\n")
+        out.append(("markdown" if "[markdown]" in head else "code", body))
+    return out
+
+
+def editions(text):
+    """The English and the Japanese prose of a chapter source."""
+    en, ja = [], []
+    for kind, body in cells(text):
+        if kind == "markdown":
+            md = "\n".join(line[2:] if line.startswith("# ") else line.lstrip("#") for line in body.splitlines())
+            first, _, second = md.partition("<!-- ja -->")
+            en.append(first.replace("<!-- en -->", ""))
+            ja.append(second)
+    return "\n".join(en), "\n".join(ja)
+
+
+def starters(chapter, tmp_module):
+    """``{number: the starter's answer}``: each marked starter cell run as the learner would find it."""
+    text, found = source(chapter), {}
+    names = dict(CHECK_CALL.findall(text))
+    for kind, body in cells(text):
+        match = STARTER.search(body)
+        if kind != "code" or not match:
+            continue
+        first = body.lstrip("\n").splitlines()[0]
+        if first.startswith("# %%worker "):
+            module = write_worker(first.split()[2], body.split("\n", 1)[1] if body.startswith("#") else body)
+        else:
+            module = tmp_module(f"starter_{chapter}")
+            exec(compile(body, f"<starter {match.group(1)}>", "exec"), module.__dict__)
+        found[match.group(1)] = getattr(module, names[match.group(1)])
+    return found
+
+
+@pytest.fixture
+def tmp_module():
+    def make(name):
+        return types.ModuleType(name)
+    return make
+
+
+def test_chapters_01_to_05_have_at_least_three_exercises_each():
+    for chapter in ("01", "02", "03", "04", "05"):
+        assert sum(n.startswith(chapter + ".") for n in EXERCISES) >= 3, chapter
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_every_check_accepts_its_solution(chapter):
+    answers = solutions(chapter)
+    numbers = [n for n in EXERCISES if n.startswith(chapter + ".")]
+    assert sorted(answers) == numbers
+    for number in numbers:
+        outcome = check(number, answers[number])
+        expected = "cannot run here" if EXERCISES[number].needs == "gpu" and outcome.status != "right" else "right"
+        assert outcome.status == expected, (number, repr(outcome))
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_every_shipped_starter_is_not_attempted(chapter, tmp_module):
+    found = starters(chapter, tmp_module)
+    assert sorted(found) == [n for n in EXERCISES if n.startswith(chapter + ".")]
+    for number, answer in found.items():
+        start = time.monotonic()
+        outcome = check(number, answer)
+        assert outcome.status == "not attempted", (number, repr(outcome))
+        assert outcome.hint == EXERCISES[number].hint_text(1)
+        assert time.monotonic() - start < 5, number  # decided without running processes
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_every_planted_wrong_answer_is_rejected_with_its_hint(chapter):
+    cases = planted(chapter)
+    assert {n for n, _, _ in cases} == {n for n in EXERCISES if n.startswith(chapter + ".")}
+    for number, key, answer in cases:
+        outcome = check(number, answer)
+        assert outcome.status in ("wrong", "error"), (number, key, repr(outcome))
+        assert outcome.hint_key == key, (number, key, repr(outcome))
+        assert outcome.hint == EXERCISES[number].mistake_text(key)
+
+
+def test_every_exercise_named_in_the_prose_has_a_check_and_both_editions_name_it():
+    named = {}
+    for path in sorted(SRC.glob("[0-9][0-9]_*.py")):
+        en, ja = editions(path.read_text(encoding="utf-8"))
+        named[path.stem[:2]] = (set(re.findall(r"### Exercise (\d\d\.\d+):", en)),
+                                set(re.findall(r"### 練習問題 (\d\d\.\d+):", ja)))
+    for chapter, (en, ja) in named.items():
+        assert en <= set(EXERCISES) and ja <= set(EXERCISES), (chapter, en - set(EXERCISES), ja - set(EXERCISES))
+    for number in EXERCISES:
+        en, ja = named[number[:2]]
+        assert number in en and number in ja, number
+    texts = {c: source(c) for c in CHAPTERS}
+    for number in EXERCISES:
+        assert re.search(rf"""check\(["']{re.escape(number)}["']""", texts[number[:2]]), number
+
+
+def test_no_module_of_the_package_imports_the_solutions():
+    for path in (ROOT / "mparlib").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            assert not any(n == "solutions" or n.startswith("solutions.") for n in names), path
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                assert "solutions." not in node.value or path.name == "__init__.py", path
+
+
+# ---- The machinery --------------------------------------------------------------------------------------------
+@pytest.fixture
+def scratch_exercise():
+    """Exercise 99.1, registered for one test; its check function is given by the test."""
+    def register(fn, **kwargs):
+        kwargs.setdefault("hints", [("where", "どこ"), ("idea", "考え"), ("nearly", "ほぼ")])
+        core.exercise("99.1", **kwargs)(fn)
+        return "99.1"
+    yield register
+    core.REGISTRY.pop("99.1", None)
+    core.SHOWN.pop("99.1", None)
+
+
+def test_a_check_that_breaks_is_its_own_fault_never_a_wrong_answer(scratch_exercise):
+    def broken(answer):
+        return {}["missing"]  # a bug in the check
+
+    outcome = check(scratch_exercise(broken), lambda: 1)
+    assert outcome.status == "check failed" and "KeyError" in outcome.details
+    assert "wrong" not in repr(outcome).splitlines()[0]
+
+
+def test_a_check_naming_an_unknown_mistake_is_its_own_fault(scratch_exercise):
+    outcome = check(scratch_exercise(lambda answer: core.wrong("no", "no_such_key")), lambda: 1)
+    assert outcome.status == "check failed" and "no_such_key" in outcome.details
+
+
+def test_the_learners_error_shows_their_traceback_without_the_checks_frames(scratch_exercise):
+    def learner(x):
+        return [1, 2][x]
+
+    outcome = check(scratch_exercise(lambda answer: core.call(answer, 5) and core.right()), learner)
+    assert outcome.status == "error" and "IndexError" in outcome.details and "return [1, 2][x]" in outcome.details
+    assert "core.py" not in outcome.details
+
+
+def test_not_attempted_is_seen_in_the_source_without_calling(scratch_exercise):
+    calls = []
+
+    def starter(x):
+        """A docstring does not count as an answer."""
+        raise NotImplementedError("99.1")
+
+    def partial(x):
+        if x:
+            return 1
+        raise NotImplementedError("the rest")
+
+    number = scratch_exercise(lambda answer: calls.append(answer) or core.call(answer, 0) or core.right())
+    assert core.is_starter(starter) and not core.is_starter(partial) and not core.is_starter(len)
+    assert check(number, starter).status == "not attempted" and calls == []
+    assert check(number, partial).status == "not attempted" and calls == [partial]  # found by calling
+    assert check(number, None).status == "not attempted"
+
+
+def test_a_gpu_exercise_cannot_run_without_a_gpu_and_is_never_wrong(scratch_exercise, monkeypatch):
+    monkeypatch.setattr(core.torch.cuda, "is_available", lambda: False)
+    outcome = check(scratch_exercise(lambda answer: core.wrong("no"), needs="gpu"), lambda: 1)
+    assert outcome.status == "cannot run here" and not outcome.hint
+
+
+def test_hints_come_one_level_at_a_time_and_a_level_on_request(scratch_exercise, capsys):
+    number = scratch_exercise(lambda answer: core.right())
+    for _ in range(4):
+        hint(number)
+    hint(number, 1)
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.rsplit(": ", 1)[1] for line in lines] == ["where", "idea", "nearly", "nearly", "where"]
+    with pytest.raises(ValueError):
+        hint(number, 4)
+
+
+def test_outcomes_speak_the_learners_language_and_show_hints_as_layers(scratch_exercise, monkeypatch):
+    number = scratch_exercise(lambda answer: core.right())
+    outcome = check(number, None)
+    html = outcome._repr_html_()
+    assert html.count("<details>") == 3 and "not attempted" in repr(outcome)
+    monkeypatch.setenv("MPARLIB_LANG", "ja")
+    outcome = check(number, None)
+    assert "未着手" in repr(outcome) and "ヒント: ほぼ" not in repr(outcome) and "ヒント: 考え" not in repr(outcome)
+    assert "ヒント 3/3" in outcome._repr_html_()
+
+
+def test_unknown_numbers_are_refused_with_the_format_to_use():
+    with pytest.raises(ValueError, match="01.1"):
+        check(1.1, None)
+    with pytest.raises(ValueError, match="no exercise"):
+        check("98.1", None)
+
+
+# ---- Fresh processes ------------------------------------------------------------------------------------------
+def test_ranks_run_the_learners_function_beside_the_reference():
+    import torch
+
+    import exercise_workers as w
+
+    results = core.run_ranks(w.good_sum, 2, args=(torch.ones(3),), reference=w.reference_sum)
+    assert [r.rank for r in results] == [0, 1]
+    for r in results:
+        assert r.error is None and torch.equal(r.value, r.reference) and torch.equal(r.value, torch.full((3,), 3.0))
+
+
+@pytest.mark.parametrize("name, waiting", [("skipping_sum", "Rank 0"), ("both_receive", "Rank 0")])
+def test_a_deadlocking_answer_ends_within_a_minute_naming_the_rank(name, waiting):
+    import torch
+
+    import exercise_workers as w
+
+    start = time.monotonic()
+    with pytest.raises(core.Stop) as stop:
+        core.run_ranks(getattr(w, name), 2, args=(torch.ones(3),), timeout=20)
+    assert time.monotonic() - start < 60
+    outcome = stop.value.outcome
+    assert outcome.status == "wrong" and outcome.hint_key == "hang" and outcome.message.startswith(waiting)
+
+
+def test_an_error_on_one_rank_is_the_learners_error_naming_that_rank():
+    import torch
+
+    import exercise_workers as w
+
+    with pytest.raises(core.Stop) as stop:
+        core.run_ranks(w.failing_on_rank1, 2, args=(torch.ones(3),), timeout=20)
+    outcome = stop.value.outcome
+    assert outcome.status == "error" and outcome.message.startswith("Rank 1 raised IndexError")
+    assert "chunk 2 does not exist" in outcome.details
+
+
+def test_a_notebook_function_is_refused_before_any_process_starts():
+    def local(x):
+        return x
+
+    with pytest.raises(core.Stop) as stop:
+        core.run_ranks(local, 2)
+    assert "%%worker" in stop.value.outcome.message
