@@ -32,3 +32,6 @@ def save_checkpoint(model, path):
         torch.save(model.module.state_dict(), tmp)
         os.replace(tmp, path)
     dist.barrier()
+
+
+SOLUTIONS = {"06.1": average_gradients, "06.2": epoch_shares, "06.3": save_checkpoint}

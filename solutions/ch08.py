@@ -55,3 +55,7 @@ def bucket_assignment(grad_bytes, cap_bytes, first_cap_bytes=None):
     if current:
         buckets.append(current)
     return buckets
+
+
+SOLUTIONS = {"08.1": all_gather_by_sends, "08.2": ring_reduce_scatter, "08.3": ring_all_reduce_seconds,
+             "08.4": bucket_assignment}

@@ -52,3 +52,6 @@ def zero_sgd_step(params, lr):
         for p in params:
             p.copy_(flat[offset:offset + p.numel()].view_as(p))
             offset += p.numel()
+
+
+SOLUTIONS = {"09.1": bytes_per_rank, "09.2": shard_flat, "09.3": unshard_flat, "09.4": zero_sgd_step}

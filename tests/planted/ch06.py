@@ -53,11 +53,11 @@ def save_in_place(model, path):  # 06.3 -> not_atomic
 
 
 PLANTED = [
-    ("06.1", sum_only, "missing_division"),
-    ("06.1", halve, "wrong_divisor"),
-    ("06.2", shares_without_set_epoch, "forgot_set_epoch"),
-    ("06.2", shares_seeded_by_rank, "different_orders"),
-    ("06.3", save_without_barrier, "missing_barrier"),
-    ("06.3", save_wrapper, "module_prefix"),
-    ("06.3", save_in_place, "not_atomic"),
+    ("06.1", "missing_division", sum_only),
+    ("06.1", "wrong_divisor", halve),
+    ("06.2", "forgot_set_epoch", shares_without_set_epoch),
+    ("06.2", "different_orders", shares_seeded_by_rank),
+    ("06.3", "missing_barrier", save_without_barrier),
+    ("06.3", "module_prefix", save_wrapper),
+    ("06.3", "not_atomic", save_in_place),
 ]

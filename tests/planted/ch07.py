@@ -46,11 +46,11 @@ def step_flops_of_batch(model, images, labels):  # 07.3 -> per_image
 
 
 PLANTED = [
-    ("07.1", linear_cost_once, "missing_factor_two"),
-    ("07.1", linear_cost_first_dim, "leading_dims"),
-    ("07.1", linear_cost_no_bias, "bytes_parts"),
-    ("07.2", roofline_max, "max_not_min"),
-    ("07.2", roofline_gflops, "units"),
-    ("07.3", forward_flops_per_image, "forward_only"),
-    ("07.3", step_flops_of_batch, "per_image"),
+    ("07.1", "missing_factor_two", linear_cost_once),
+    ("07.1", "leading_dims", linear_cost_first_dim),
+    ("07.1", "bytes_parts", linear_cost_no_bias),
+    ("07.2", "max_not_min", roofline_max),
+    ("07.2", "units", roofline_gflops),
+    ("07.3", "forward_only", forward_flops_per_image),
+    ("07.3", "per_image", step_flops_of_batch),
 ]

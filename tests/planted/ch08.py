@@ -100,13 +100,13 @@ def buckets_one_cap(grad_bytes, cap_bytes, first_cap_bytes=None):  # 08.4 -> fir
 
 
 PLANTED = [
-    ("08.1", gather_rotated, "rank_order"),
-    ("08.1", gather_with_collective, "used_collective"),
-    ("08.1", both_receive_first, "hang"),
-    ("08.2", ring_as_in_the_chapter, "rotated"),
-    ("08.2", ring_without_adding, "no_sum"),
-    ("08.3", ring_seconds_one_phase, "one_phase"),
-    ("08.3", ring_seconds_whole_message, "whole_message"),
-    ("08.4", buckets_never_above_cap, "closes_early"),
-    ("08.4", buckets_one_cap, "first_bucket"),
+    ("08.1", "rank_order", gather_rotated),
+    ("08.1", "used_collective", gather_with_collective),
+    ("08.1", "hang", both_receive_first),
+    ("08.2", "rotated", ring_as_in_the_chapter),
+    ("08.2", "no_sum", ring_without_adding),
+    ("08.3", "one_phase", ring_seconds_one_phase),
+    ("08.3", "whole_message", ring_seconds_whole_message),
+    ("08.4", "closes_early", buckets_never_above_cap),
+    ("08.4", "first_bucket", buckets_one_cap),
 ]
