@@ -36,13 +36,13 @@ def zero_sgd_step(params, lr):
     rank, world = dist.get_rank(), dist.get_world_size()
     total = sum(p.numel() for p in params)
     size = math.ceil(total / world)
-    grads = torch.zeros(size * world)
+    grads = torch.zeros(size * world, dtype=params[0].dtype)
     grads[:total] = torch.cat([p.grad.reshape(-1) for p in params])
-    shard_grad = torch.empty(size)
+    shard_grad = torch.empty(size, dtype=params[0].dtype)
     reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
     reduce_scatter(shard_grad, grads)
     shard_grad /= world
-    flat = torch.zeros(size * world)
+    flat = torch.zeros(size * world, dtype=params[0].dtype)
     flat[:total] = torch.cat([p.detach().reshape(-1) for p in params])
     shard = flat[rank * size:(rank + 1) * size] - lr * shard_grad
     all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
