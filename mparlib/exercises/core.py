@@ -167,17 +167,20 @@ class Outcome:
         return "\n".join(parts)
 
     def _repr_html_(self):
+        def text(s):
+            return re.sub(r"`([^`]+)`", r"<code>\1</code>", escape(s))
+
         css = {"right": "ok", "wrong": "bad", "error": "bad", "check failed": "bad"}.get(self.status, "info")
         out = [f'<div class="exercise-check exercise-{css}"><p><strong>{escape(self.heading())}</strong></p>']
         if self.message:
-            out.append(f"<p>{escape(self.message)}</p>".replace("\n", "<br>"))
+            out.append(f"<p>{text(self.message)}</p>".replace("\n", "<br>"))
         if self.details:
             out.append(f"<pre>{escape(self.details.rstrip())}</pre>")
         if self.hint:
-            out.append(f"<p>{escape(tr('Hint: ', 'ヒント: ') + self.hint)}</p>")
-        for level, text in enumerate(self.levels, 1):
+            out.append(f"<p>{text(tr('Hint: ', 'ヒント: ') + self.hint)}</p>")
+        for level, hint_text in enumerate(self.levels, 1):
             label = tr(f"Hint {level} of {len(self.levels)}", f"ヒント {level}/{len(self.levels)}")
-            out.append(f"<details><summary>{escape(label)}</summary><p>{escape(text)}</p></details>")
+            out.append(f"<details><summary>{escape(label)}</summary><p>{text(hint_text)}</p></details>")
         out.append("</div>")
         return "\n".join(out)
 

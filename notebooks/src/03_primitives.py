@@ -499,17 +499,6 @@ else:
 #   parameters: outputs and gradients equal those of a single device, for any batch size.
 # - Batch normalization in training mode is the exception: per-chunk statistics, and running statistics from
 #   replica 0 only.
-#
-# ## Exercises
-#
-# 1. Predict the chunk sizes of 10 rows on 4 devices and of 5 rows on 4 devices, then check with
-#    `[len(c) for c in scatter(torch.zeros(n, 1), ["cpu"] * 4)]`.
-# 2. Delete the line `replicas = replicas[:len(inputs)]` from this notebook's `data_parallel` and call it with 2
-#    rows on 4 devices. Which primitive complains?
-# 3. `scatter` and `gather` take `dim`. Split a tensor of shape (3, 8) along `dim=1` over 4 simulated devices,
-#    print the chunk shapes, and check that `gather(chunks, "cpu", dim=1)` gives the tensor back.
-# 4. Repeat the proof with the loss `out.pow(2).sum()` instead of `.mean()`. Does the equality still hold? What
-#    would change if each replica computed its own mean loss and the losses were added afterwards?
 # <!-- ja -->
 # ## まとめ
 #
@@ -517,10 +506,100 @@ else:
 # - PyTorch の関数は GPU を必要とします。`mparlib.parallel` は同じ規則に従いつつ、模擬デバイス（`["cpu"] * k`）を含むどんなデバイスのリストでも動きます。
 # - レプリカの重みは微分可能なコピーなので、逆伝播は各チャンクの勾配を元のパラメータで足し合わせます。そのため、どんなバッチサイズでも出力と勾配は 1つのデバイスの場合と同じです。
 # - 訓練モードのバッチ正規化は例外です。統計量はチャンクごとに計算され、移動統計量はレプリカ 0 だけが更新します。
+
+# %% [markdown]
+# <!-- en -->
+# ## Exercises
 #
+# Complete each starter, run it, then its check cell; `hint("03.1")` gives the next hint. The primitives
+# imported above (`replicate`, `scatter`, `parallel_apply`, `gather`) are yours to use.
+# <!-- ja -->
 # ## 練習問題
 #
-# 1. 10行を 4つのデバイスに分けた場合と、5行を 4つのデバイスに分けた場合のチャンクの大きさを予想してください。その後 `[len(c) for c in scatter(torch.zeros(n, 1), ["cpu"] * 4)]` で確かめます。
-# 2. このノートブックの `data_parallel` から `replicas = replicas[:len(inputs)]` の行を消し、2行のバッチを 4つのデバイスで処理してください。どのプリミティブがエラーを出すでしょうか。
-# 3. `scatter` と `gather` は引数 `dim` を取ります。形状 (3, 8) のテンソルを `dim=1` に沿って 4つの模擬デバイスに分割し、チャンクの形状を表示してください。さらに `gather(chunks, "cpu", dim=1)` で元のテンソルに戻ることを確かめます。
-# 4. 証明の損失を `.mean()` ではなく `out.pow(2).sum()` にしてやり直してください。等しさは保たれるでしょうか。また、各レプリカが自分のチャンクで平均の損失を計算し、それらを後から足し合わせたとしたら、何が変わるでしょうか。
+# スターターを完成させて実行し、その下のチェックのセルを実行してください。`hint("03.1")` で次のヒントが表示されます。上でインポートしたプリミティブ（`replicate`、`scatter`、`parallel_apply`、`gather`）は自由に使えます。
+
+# %%
+from mparlib.exercises import check, hint
+
+# %% [markdown]
+# <!-- en -->
+# ### Exercise 03.1: Scattering a batch
+#
+# A batch often comes as a dict: inputs, labels, a mask, and a few values that are not per example (a flag, a
+# name). Write `scatter_batch(batch, devices)` without calling `scatter`: a list with one dict per device that
+# receives rows, each with all the keys, holding the device's chunk of every tensor (split along dimension 0 by
+# `torch.chunk`'s rule, moved to that device) and every other value unchanged.
+# <!-- ja -->
+# ### 練習問題 03.1: バッチの分配
+#
+# バッチは dict で届くことがよくあります。入力、ラベル、マスク、それに例ごとではないいくつかの値（フラグ、名前）です。`scatter` を呼ばずに `scatter_batch(batch, devices)` を書いてください。行を受け取るデバイスごとに 1つの dict を並べたリストを返します。各 dict はすべてのキーを持ち、テンソルはそのデバイスのチャンク（`torch.chunk` の規則で次元 0 に沿って分け、そのデバイスへ移したもの）、ほかの値はそのままです。
+
+# %%
+# Exercise 03.1: starter
+def scatter_batch(batch, devices):
+    """One dict per used device: the device's chunk of each tensor, every other value as it is."""
+    raise NotImplementedError("03.1")
+
+
+# %%
+check("03.1", scatter_batch)
+
+# %% [markdown]
+# <!-- en -->
+# ### Exercise 03.2: `data_parallel` along another dimension
+#
+# Sequence models often take inputs of shape (time, batch, features): the batch is dimension 1. Write
+# `dp_along(module, x, devices, dim)`, this chapter's `data_parallel` for a batch along `dim`, with the result on
+# `devices[0]`. The check uses a module that mixes each sequence over time, so splitting along the wrong
+# dimension changes the result, and batches smaller than the number of devices.
+# <!-- ja -->
+# ### 練習問題 03.2: 別の次元に沿った `data_parallel`
+#
+# 系列のモデルは、形状が（時間、バッチ、特徴）の入力を受け取ることがよくあります。バッチは次元 1 です。バッチが次元 `dim` にある場合の、この章の `data_parallel` にあたる `dp_along(module, x, devices, dim)` を書いてください。結果は `devices[0]` に置きます。チェックは各系列を時間方向に混ぜるモジュールを使うので、違う次元で分けると結果が変わります。デバイスの数より小さいバッチも使います。
+
+# %%
+# Exercise 03.2: starter
+def dp_along(module, x, devices, dim):
+    """module(x) computed with one replica per device, the batch being dimension `dim` of x."""
+    raise NotImplementedError("03.2")
+
+
+# %%
+check("03.2", dp_along)
+
+# %% [markdown]
+# <!-- en -->
+# ### Exercise 03.3: One loss from chunk losses
+#
+# Suppose each replica computes the mean loss of its own chunk. Write `combine_losses(chunk_losses,
+# chunk_sizes)`: from those means (0-d tensors that require gradients) and the chunks' sizes, the loss that one
+# device computes on the whole batch, as a tensor through which `backward` works. The check uses uneven splits,
+# as `scatter` makes them.
+# <!-- ja -->
+# ### 練習問題 03.3: チャンクの損失から 1つの損失へ
+#
+# 各レプリカが、自分のチャンクの平均損失を計算するとします。その平均（勾配を必要とする 0次元のテンソル）とチャンクの大きさから、1つのデバイスがバッチ全体で計算する損失を求める `combine_losses(chunk_losses, chunk_sizes)` を書いてください。結果は `backward` が使えるテンソルにします。チェックは、`scatter` が作るような割り切れない分け方を使います。
+
+# %%
+# Exercise 03.3: starter
+def combine_losses(chunk_losses, chunk_sizes):
+    """The full-batch mean loss from the chunks' mean losses and sizes (differentiable)."""
+    raise NotImplementedError("03.3")
+
+
+# %%
+check("03.3", combine_losses)
+
+# %% [markdown]
+# <!-- en -->
+# ### More questions
+#
+# 1. Delete the line `replicas = replicas[:len(inputs)]` from this notebook's `data_parallel` and call it with 2
+#    rows on 4 devices. Which primitive complains?
+# 2. Repeat the proof with the loss `out.pow(2).sum()` instead of `.mean()`. Does the equality still hold? What
+#    would change if each replica computed its own mean loss and the losses were added afterwards?
+# <!-- ja -->
+# ### その他の問い
+#
+# 1. このノートブックの `data_parallel` から `replicas = replicas[:len(inputs)]` の行を消し、2行のバッチを 4つのデバイスで処理してください。どのプリミティブがエラーを出すでしょうか。
+# 2. 証明の損失を `.mean()` ではなく `out.pow(2).sum()` にしてやり直してください。等しさは保たれるでしょうか。また、各レプリカが自分のチャンクで平均の損失を計算し、それらを後から足し合わせたとしたら、何が変わるでしょうか。

@@ -659,23 +659,6 @@ assert len(timings) == 5 and all(t > 0 for t in timings.values())
 #   and each step touches few rows; use sparse gradients so the update touches only those rows.
 # - Model parallelism puts stages on different devices; micro-batches let the stages overlap. The result equals
 #   that of the unsplit model up to rounding, as long as no layer mixes the samples of a batch.
-#
-# ## Exercises
-#
-# 1. **BatchNorm and micro-batches.** Copy `make_mlp` into a `make_mlp_bn` that adds `nn.BatchNorm1d(width)` after
-#    each `nn.Linear(d, width)`, set `net = make_mlp_bn(64, 4).double()` in the check cell of "Same outputs, same
-#    gradients" and run it. Which assertion fails, and why? Then call `net.eval()` right after building `net`
-#    (the pipeline's copies inherit eval mode): does the check pass now? Why would the running statistics of the
-#    two models still differ after a few steps in training mode?
-# 2. **The bubble.** For `S=4` stages, find with `pipeline_schedule` the smallest number of micro-batches that
-#    keeps the bubble below 20%, and check it against the formula *(S - 1) / (m + S - 1)*.
-# 3. **The memory arithmetic.** Change `rows`, `dim` and `batch` in the arithmetic cell to a table of your own
-#    (for example 50 million rows of 128 numbers). Does the table with Adam's state fit in your GPU's memory
-#    (`torch.cuda.get_device_properties(0).total_memory`, or 24 GiB if you have no GPU)? How long would the rows of
-#    one step take to move at the bandwidth you measured?
-# 4. **`.to()` on the whole model.** Create `HybridEmbeddingModel(1000, 10, device=device)`, call `.to(device)` on
-#    it, check `model.embedding.weight.device` and run `model(torch.tensor([1, 2, 3]))`. On a GPU machine, does the
-#    model still run, and where is the table now? (Without a GPU nothing moves: everything is on the CPU already.)
 # <!-- ja -->
 # 予想される結果は次のとおりです。
 #
@@ -691,10 +674,107 @@ assert len(timings) == 5 and all(t > 0 for t in timings.values())
 # - ホストからデバイスへの転送には、呼び出しごとの固定コストと帯域幅の上限があります。ピン留めメモリは直接転送でき、`non_blocking=True` と組み合わせると転送中も CPU が先に進めます。
 # - CPU にテーブルを置いて得をするのは、テーブル（と勾配、オプティマイザの状態）がデバイスメモリに収まらず、1ステップで触れる行が少ないときです。疎な勾配を使い、更新もその行だけにします。
 # - モデル並列ではステージを別々のデバイスに置き、マイクロバッチでステージの計算を重ねます。バッチ内のサンプルを混ぜる層がなければ、結果は丸め誤差を除いて分割前のモデルと一致します。
+
+# %% [markdown]
+# <!-- en -->
+# ## Exercises
 #
+# Complete each starter, run it, then its check cell; `hint("04.1")` gives the next hint.
+# <!-- ja -->
 # ## 練習問題
 #
+# スターターを完成させて実行し、その下のチェックのセルを実行してください。`hint("04.1")` で次のヒントが表示されます。
+
+# %%
+from mparlib.exercises import check, hint
+
+# %% [markdown]
+# <!-- en -->
+# ### Exercise 04.1: The bubble
+#
+# Write `bubble_fraction(stages, micro_batches)`: the share of the ticks of a pipelined forward pass (the order of
+# `pipeline_schedule`) in which one stage has nothing to do, as a number between 0 and 1. The check compares it
+# with its own formula at many random points.
+# <!-- ja -->
+# ### 練習問題 04.1: バブル
+#
+# パイプライン化した順伝播（`pipeline_schedule` の順序）のティックのうち、1つのステージに仕事がないティックの割合を 0 から 1 の数で返す `bubble_fraction(stages, micro_batches)` を書いてください。チェックは、ランダムに選んだ多くの点で、自分の式と比べます。
+
+# %%
+# Exercise 04.1: starter
+def bubble_fraction(stages, micro_batches):
+    """The idle share of one stage's ticks in a pipelined forward pass (0 to 1)."""
+    raise NotImplementedError("04.1")
+
+
+# %%
+check("04.1", bubble_fraction)
+
+# %% [markdown]
+# <!-- en -->
+# ### Exercise 04.2: A model split over two devices
+#
+# Write `split_in_two(net, devices, split_at)`: a module holding the layers of the `nn.Sequential` `net` before
+# index `split_at` as the submodule `first`, on `devices[0]`, and the others as `second`, on `devices[1]`, whose
+# forward computes what `net` computes. The check runs it on two GPUs when there are two, else on `["cpu",
+# "cpu"]`, compares outputs and gradients with the whole network, and watches that forward hands the activation
+# to the second device.
+# <!-- ja -->
+# ### 練習問題 04.2: 2つのデバイスに分けたモデル
+#
+# `nn.Sequential` の `net` のうち、位置 `split_at` より前の層をサブモジュール `first` として `devices[0]` に、残りを `second` として `devices[1]` に置き、`net` と同じものを計算するモジュールを返す `split_in_two(net, devices, split_at)` を書いてください。チェックは、GPU が 2枚あればその 2枚で、なければ `["cpu", "cpu"]` で実行し、出力と勾配を分ける前のネットワークと比べ、forward が活性化を 2つ目のデバイスへ渡しているかを見ます。
+
+# %%
+# Exercise 04.2: starter
+def split_in_two(net, devices, split_at):
+    """A module with stages `first` (net[:split_at], on devices[0]) and `second` (the rest, on devices[1])."""
+    raise NotImplementedError("04.2")
+
+
+# %%
+check("04.2", split_in_two)
+
+# %% [markdown]
+# <!-- en -->
+# ### Exercise 04.3: A table's memory
+#
+# Write `table_bytes(rows, dim, optimizer)`: the bytes that training a float32 embedding table of `rows` x `dim`
+# numbers takes on its device, counting the weights, a dense gradient and the optimiser's state, for
+# `optimizer` one of `"sgd"` (plain), `"momentum"` and `"adam"`.
+# <!-- ja -->
+# ### 練習問題 04.3: テーブルのメモリ
+#
+# `rows` x `dim` 個の数値からなる float32 の埋め込みテーブルを訓練するとき、そのデバイスで必要になるバイト数を返す `table_bytes(rows, dim, optimizer)` を書いてください。重み、密な勾配、最適化手法の状態を数えます。`optimizer` は `"sgd"`（ふつうの SGD）、`"momentum"`、`"adam"` のどれかです。
+
+# %%
+# Exercise 04.3: starter
+def table_bytes(rows, dim, optimizer):
+    """Bytes of a float32 table with its dense gradient and the optimiser's state."""
+    raise NotImplementedError("04.3")
+
+
+# %%
+check("04.3", table_bytes)
+
+# %% [markdown]
+# <!-- en -->
+# ### More questions
+#
+# 1. **BatchNorm and micro-batches.** Copy `make_mlp` into a `make_mlp_bn` that adds `nn.BatchNorm1d(width)` after
+#    each `nn.Linear(d, width)`, set `net = make_mlp_bn(64, 4).double()` in the check cell of "Same outputs, same
+#    gradients" and run it. Which assertion fails, and why? Then call `net.eval()` right after building `net`
+#    (the pipeline's copies inherit eval mode): does the check pass now? Why would the running statistics of the
+#    two models still differ after a few steps in training mode?
+# 2. **The memory arithmetic.** Change `rows`, `dim` and `batch` in the arithmetic cell to a table of your own
+#    (for example 50 million rows of 128 numbers). Does the table with Adam's state fit in your GPU's memory
+#    (`torch.cuda.get_device_properties(0).total_memory`, or 24 GiB if you have no GPU)? How long would the rows of
+#    one step take to move at the bandwidth you measured?
+# 3. **`.to()` on the whole model.** Create `HybridEmbeddingModel(1000, 10, device=device)`, call `.to(device)` on
+#    it, check `model.embedding.weight.device` and run `model(torch.tensor([1, 2, 3]))`. On a GPU machine, does the
+#    model still run, and where is the table now? (Without a GPU nothing moves: everything is on the CPU already.)
+# <!-- ja -->
+# ### その他の問い
+#
 # 1. **BatchNorm とマイクロバッチ。** `make_mlp` をコピーして、各 `nn.Linear(d, width)` の後ろに `nn.BatchNorm1d(width)` を加えた `make_mlp_bn` を作ってください。「同じ出力、同じ勾配」の検査セルで `net = make_mlp_bn(64, 4).double()` として実行すると、どの assert が失敗するでしょうか。それはなぜでしょうか。次に、`net` を作った直後に `net.eval()` を呼んでください（パイプラインのコピーも評価モードを引き継ぎます）。今度は検査が通るでしょうか。訓練モードで何ステップか進めた後では、2つのモデルの移動統計量がなお食い違うのはなぜでしょうか。
-# 2. **バブル。** ステージが `S=4` 個のとき、バブルを 20% 未満に抑えるマイクロバッチの最小の個数を `pipeline_schedule` を使って求め、式 *(S - 1) / (m + S - 1)* と照らし合わせてください。
-# 3. **メモリの計算。** 計算用のセルの `rows`、`dim`、`batch` を自分で考えたテーブルの値に変えてください（例: 128個の値からなる行が 5,000万行）。Adam の状態を含めたテーブルは、手元の GPU のメモリ（`torch.cuda.get_device_properties(0).total_memory`、GPU がなければ 24 GiB とします）に収まるでしょうか。1ステップ分の行を、測った帯域幅で運ぶには何秒かかるでしょうか。
-# 4. **モデル全体に `.to()` を呼ぶ。** `HybridEmbeddingModel(1000, 10, device=device)` を作って `.to(device)` を呼び、`model.embedding.weight.device` を確かめてから `model(torch.tensor([1, 2, 3]))` を実行してください。GPU のあるマシンでは、モデルはまだ動くでしょうか。テーブルは今どこにあるでしょうか（GPU がなければ何も移りません。もともとすべて CPU にあるからです）。
+# 2. **メモリの計算。** 計算用のセルの `rows`、`dim`、`batch` を自分で考えたテーブルの値に変えてください（例: 128個の値からなる行が 5,000万行）。Adam の状態を含めたテーブルは、手元の GPU のメモリ（`torch.cuda.get_device_properties(0).total_memory`、GPU がなければ 24 GiB とします）に収まるでしょうか。1ステップ分の行を、測った帯域幅で運ぶには何秒かかるでしょうか。
+# 3. **モデル全体に `.to()` を呼ぶ。** `HybridEmbeddingModel(1000, 10, device=device)` を作って `.to(device)` を呼び、`model.embedding.weight.device` を確かめてから `model(torch.tensor([1, 2, 3]))` を実行してください。GPU のあるマシンでは、モデルはまだ動くでしょうか。テーブルは今どこにあるでしょうか（GPU がなければ何も移りません。もともとすべて CPU にあるからです）。
