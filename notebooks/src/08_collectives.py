@@ -1089,8 +1089,143 @@ assert any("Detected mismatch between collectives" in line and "TensorShape=[4]"
 #   gradients; when the all-reduce costs more than the computation saved, more devices are slower.
 # - Every rank must call the same collectives in the same order with the same shapes. Timeouts, `monitored_barrier`
 #   and `TORCH_DISTRIBUTED_DEBUG=DETAIL` turn a hang into a message that names the rank and the difference.
+# <!-- ja -->
+# ## まとめ
 #
+# - 1対1通信（`send`/`recv`、`isend`/`irecv`）は 2つのランクをつなぎます。集合通信（`broadcast`、`reduce`、`all_reduce`、`reduce_scatter`、`all_gather`、`all_to_all`）はグループのすべてのランクが呼び出します。オールリデュースは、リデュース・スキャッターのあとにオールギャザーを続けたものです。リング自身のリデュース・スキャッターはランク `r` にチャンク `r` ではなくチャンク `r + 1` を残すので、リングではチャンク 1つ分の回転を除いて成り立つ関係です。
+# - リング・オールリデュースは、`n / k` 要素ずつのステップを `2(k-1)` 回行います。各ランクが送る量は、ランクの数によらずテンソルのおよそ 2倍です。送信と受信だけで作った `mparlib.collectives.ring_all_reduce` は、整数では `dist.all_reduce` と正確に一致し、実数では丸め誤差の範囲で一致します。
+# - メッセージにかかる時間は `α + n β` です。バス帯域幅（`n / t · 2(k-1)/k`）を使えば、ワールドサイズの違うオールリデュースどうしを比べられます。小さなメッセージはレイテンシで、大きなメッセージは帯域幅で時間が決まります。
+# - DDP は勾配をバケット（`bucket_cap_mb`）ごとにオールリデュースし、それは逆伝播の最中に始められます（既定では最初のバケットが小さいので、実際に始まります。モデル全体が 1つのバケットに入ると何も重なりません）。通信フックで送るものを決められます（bfloat16 ならバイト数は半分で、勾配の違いは bfloat16 の丸め誤差の範囲です）。`no_sync()` を使うと、マイクロバッチの勾配を累積して、パラメータの更新 1回につきオールリデュース 1回で、同じ更新を行えます。
+# - `k` 個のデバイスでの 1ステップには、おおよそ `B / k` 個のデータの計算と、モデルの勾配のオールリデュースの時間がかかります。オールリデュースが、節約できる計算時間より長くかかるなら、デバイスを増やすと遅くなります。
+# - すべてのランクが、同じ集合通信を、同じ順序で、同じ形状で呼び出さなければなりません。タイムアウト、`monitored_barrier`、`TORCH_DISTRIBUTED_DEBUG=DETAIL` を使えば、ハングを、ランクと違いを名指しするメッセージに変えられます。
+
+# %% [markdown]
+# <!-- en -->
 # ## Exercises
+#
+# Each exercise has a **starter** cell whose function body is `raise NotImplementedError`: replace that line with
+# your code, run the cell, then run the check cell below it. The starters of the two distributed exercises are
+# `%%worker` cells: their checks start 3 fresh processes that import your function, and a function that waits for
+# a partner that never comes is stopped after 20 s with the name of the waiting rank. The check says *not
+# attempted*, *wrong* (the first difference and a hint for the likely mistake), *error* (your exception), or
+# *right*; it never prints the answer. `hint("08.1")` prints the next hint each time you call it, `hint("08.1", 2)`
+# a given level.
+# <!-- ja -->
+# ## 練習問題
+#
+# 各練習問題には、本体が `raise NotImplementedError` だけの関数を含む**スターター**のセルがあります。その行を自分のコードに置き換えてセルを実行し、すぐ下のチェックのセルを実行してください。分散の 2問のスターターは `%%worker` のセルです。そのチェックは新しいプロセスを 3個起動してそこで関数をインポートし、来ない相手を待ち続ける関数は 20秒で止めて、待っていたランクを示します。チェックの結果は「未着手」、「不正解」（最初の違いと、ありがちな間違いに合わせたヒント）、「エラー」（発生した例外）、「正解」のどれかで、答えそのものは表示しません。`hint("08.1")` は呼ぶたびに次の段階のヒントを、`hint("08.1", 2)` は指定した段階のヒントを表示します。
+
+# %%
+from mparlib.exercises import check, hint
+
+# %% [markdown]
+# <!-- en -->
+# ### Exercise 08.1: An all-gather from sends and receives
+#
+# Write `all_gather_by_sends(tensor, sizes)`, called on every rank with that rank's 1-D `tensor`: it returns the
+# list of every rank's tensor in rank order, as `dist.all_gather` would, using only point-to-point messages.
+# Rank `r`'s tensor has `sizes[r]` elements, and the sizes differ: the check uses 3 ranks with 2, 5 and 3
+# elements.
+# <!-- ja -->
+# ### 練習問題 08.1: 送信と受信で作るオールギャザー
+#
+# 各ランクが自分の 1次元の `tensor` を渡して呼ぶ `all_gather_by_sends(tensor, sizes)` を書いてください。`dist.all_gather` と同じく全ランクのテンソルをランクの順に並べたリストを返しますが、使うのは 1対 1 の通信だけです。ランク `r` のテンソルの要素数は `sizes[r]` で、大きさはランクごとに違います。チェックでは 3個のランクがそれぞれ 2、5、3 個の要素を持ちます。
+
+# %%
+# %%worker ex08_gather
+# Exercise 08.1: starter
+import torch
+import torch.distributed as dist
+
+
+def all_gather_by_sends(tensor, sizes):
+    """Every rank's tensor, in rank order, from sends and receives alone."""
+    raise NotImplementedError("08.1")
+
+# %%
+from ex08_gather import all_gather_by_sends
+
+check("08.1", all_gather_by_sends)
+
+# %% [markdown]
+# <!-- en -->
+# ### Exercise 08.2: The ring's reduce-scatter
+#
+# Write `ring_reduce_scatter(tensor)`, the first phase of the ring all-reduce on its own: called on every rank with
+# tensors of one shape, it returns on rank `r` chunk `r` of the flattened tensor (`chunk_bounds(n, k)[r]`),
+# summed over all ranks, as `dist.reduce_scatter` leaves it. Only point-to-point messages, to the neighbours in
+# the ring. The check runs 3 ranks with 10 elements, then 2 (so one chunk is empty).
+# <!-- ja -->
+# ### 練習問題 08.2: リングのリデュース・スキャッタ
+#
+# リング・オールリデュースの前半だけを取り出した `ring_reduce_scatter(tensor)` を書いてください。すべてのランクが同じ形のテンソルを渡して呼び、ランク `r` には、平らにしたテンソルのチャンク `r`（`chunk_bounds(n, k)[r]`）を全ランクで合計したものを返します。`dist.reduce_scatter` が残すものと同じです。使うのはリングの隣どうしの 1対 1 の通信だけです。チェックは 3個のランクで、要素 10個、続いて 2個（チャンクの 1つが空になります）で実行します。
+
+# %%
+# %%worker ex08_ring
+# Exercise 08.2: starter
+import torch
+import torch.distributed as dist
+
+from mparlib.collectives import chunk_bounds
+
+
+def ring_reduce_scatter(tensor):
+    """Chunk `rank` of the flattened tensor, summed over the ranks, around the ring."""
+    raise NotImplementedError("08.2")
+
+# %%
+from ex08_ring import ring_reduce_scatter
+
+check("08.2", ring_reduce_scatter)
+
+# %% [markdown]
+# <!-- en -->
+# ### Exercise 08.3: The ring's time in the alpha-beta model
+#
+# Write `ring_all_reduce_seconds(nbytes, k, alpha, beta)`: the time the alpha-beta model predicts for a ring
+# all-reduce of `nbytes` bytes on `k` ranks, with latency `alpha` seconds and `beta` seconds per byte per link.
+# The check compares at random points.
+# <!-- ja -->
+# ### 練習問題 08.3: α-β モデルでのリングの時間
+#
+# レイテンシ `alpha` 秒、リンクあたり 1バイト `beta` 秒のとき、`k` ランクでの `nbytes` バイトのリング・オールリデュースに α-β モデルが予測する時間を返す `ring_all_reduce_seconds(nbytes, k, alpha, beta)` を書いてください。チェックはランダムな点で比べます。
+
+# %%
+# Exercise 08.3: starter
+def ring_all_reduce_seconds(nbytes, k, alpha, beta):
+    """Predicted seconds of a ring all-reduce of `nbytes` bytes on `k` ranks."""
+    raise NotImplementedError("08.3")
+
+
+# %%
+check("08.3", ring_all_reduce_seconds)
+
+# %% [markdown]
+# <!-- en -->
+# ### Exercise 08.4: DDP's gradient buckets
+#
+# Write `bucket_assignment(grad_bytes, cap_bytes, first_cap_bytes=None)`: DDP's buckets for gradients of
+# `grad_bytes[i]` bytes, listed in the order they become ready in the backward pass, as a list of buckets, each a
+# list of indices into `grad_bytes`. `cap_bytes` is the cap of a bucket; `first_cap_bytes`, when given, that of the
+# first bucket only. The check compares with the assignment DDP itself computes, on random sizes.
+# <!-- ja -->
+# ### 練習問題 08.4: DDP の勾配のバケット
+#
+# 逆伝播でできあがる順に並べた勾配の大きさ `grad_bytes[i]`（バイト）に対して、DDP が作るバケットを返す `bucket_assignment(grad_bytes, cap_bytes, first_cap_bytes=None)` を書いてください。戻り値はバケットのリストで、各バケットは `grad_bytes` のインデックスのリストです。`cap_bytes` はバケットの上限、`first_cap_bytes` は与えられたときの最初のバケットだけの上限です。チェックはランダムな大きさで、DDP 自身が計算する割り当てと比べます。
+
+# %%
+# Exercise 08.4: starter
+def bucket_assignment(grad_bytes, cap_bytes, first_cap_bytes=None):
+    """DDP's buckets (lists of indices) for gradients of `grad_bytes` bytes, in ready order."""
+    raise NotImplementedError("08.4")
+
+
+# %%
+check("08.4", bucket_assignment)
+
+# %% [markdown]
+# <!-- en -->
+# ### More questions
 #
 # 1. Run the tour on 3 processes, `launch(tour, 3)`, after predicting what `all_to_all_single` and
 #    `reduce_scatter_tensor` will print (the last assert of the ring cell counts 4 ranks; leave it out).
@@ -1107,16 +1242,7 @@ assert any("Detected mismatch between collectives" in line and "TensorShape=[4]"
 #    `launch(bucket_timeline, 2, args=(None,), backend="gloo")` (`bucket_cap_mb=None` is what DDP gets when nothing is
 #    passed). How many buckets are there, and does the first all-reduce start before the last gradient is ready?
 # <!-- ja -->
-# ## まとめ
-#
-# - 1対1通信（`send`/`recv`、`isend`/`irecv`）は 2つのランクをつなぎます。集合通信（`broadcast`、`reduce`、`all_reduce`、`reduce_scatter`、`all_gather`、`all_to_all`）はグループのすべてのランクが呼び出します。オールリデュースは、リデュース・スキャッターのあとにオールギャザーを続けたものです。リング自身のリデュース・スキャッターはランク `r` にチャンク `r` ではなくチャンク `r + 1` を残すので、リングではチャンク 1つ分の回転を除いて成り立つ関係です。
-# - リング・オールリデュースは、`n / k` 要素ずつのステップを `2(k-1)` 回行います。各ランクが送る量は、ランクの数によらずテンソルのおよそ 2倍です。送信と受信だけで作った `mparlib.collectives.ring_all_reduce` は、整数では `dist.all_reduce` と正確に一致し、実数では丸め誤差の範囲で一致します。
-# - メッセージにかかる時間は `α + n β` です。バス帯域幅（`n / t · 2(k-1)/k`）を使えば、ワールドサイズの違うオールリデュースどうしを比べられます。小さなメッセージはレイテンシで、大きなメッセージは帯域幅で時間が決まります。
-# - DDP は勾配をバケット（`bucket_cap_mb`）ごとにオールリデュースし、それは逆伝播の最中に始められます（既定では最初のバケットが小さいので、実際に始まります。モデル全体が 1つのバケットに入ると何も重なりません）。通信フックで送るものを決められます（bfloat16 ならバイト数は半分で、勾配の違いは bfloat16 の丸め誤差の範囲です）。`no_sync()` を使うと、マイクロバッチの勾配を累積して、パラメータの更新 1回につきオールリデュース 1回で、同じ更新を行えます。
-# - `k` 個のデバイスでの 1ステップには、おおよそ `B / k` 個のデータの計算と、モデルの勾配のオールリデュースの時間がかかります。オールリデュースが、節約できる計算時間より長くかかるなら、デバイスを増やすと遅くなります。
-# - すべてのランクが、同じ集合通信を、同じ順序で、同じ形状で呼び出さなければなりません。タイムアウト、`monitored_barrier`、`TORCH_DISTRIBUTED_DEBUG=DETAIL` を使えば、ハングを、ランクと違いを名指しするメッセージに変えられます。
-#
-# ## 練習問題
+# ### その他の問い
 #
 # 1. `all_to_all_single` と `reduce_scatter_tensor` が何を表示するかを予想してから、`tour` を 3個のプロセスで実行してください（`launch(tour, 3)`。リングのセルの最後の assert は 4個のランクを前提にしているので、外してください）。
 # 2. スケーリングのセルが表示した損益分岐の全体のバッチサイズと、その半分と 2倍（偶数にしてください）で、`one_vs_many` を実行し直してください。モデルが予測したところで、2個のプロセスは 1個より遅くなるでしょうか。
