@@ -96,13 +96,13 @@ def average_child(module, name, seed=0, per_rank=4):
     return {"got": grads_of(model), "expected": grads_of(whole), "local": local, "world": world}
 
 
-@exercise("06.1", title=("The gradient average by hand", "勾配の平均を手で"), needs="processes", hints=[
+@exercise("06.1", title=("The gradient average by hand", "手で求める勾配の平均"), needs="processes", hints=[
     ("Look at the formula of the section 'Two halves equal one whole': what does DDP do to every gradient during "
      "the backward pass?",
      "「半分ずつの計算と全体の計算の一致」の節の式を見てください。DDP は逆伝播の最中に各勾配に何をしているでしょうか。"),
     ("Every rank sums each parameter's gradient over all ranks with a collective, then divides by the number of "
      "processes. A frozen parameter has no gradient (p.grad is None).",
-     "各ランクが集団通信で各パラメータの勾配を全ランク分合計し、プロセス数で割ります。凍結したパラメータには勾配が"
+     "各ランクが集合通信で各パラメータの勾配を全ランク分合計し、プロセス数で割ります。凍結したパラメータには勾配が"
      "ありません（p.grad is None）。"),
     ("for p in model.parameters(): skip p.grad None; dist.all_reduce(p.grad) sums in place; then divide p.grad "
      "in place by dist.get_world_size().",

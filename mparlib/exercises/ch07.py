@@ -50,7 +50,7 @@ def linear_cases(seed=0, n=8):
 @exercise("07.1", title=("The cost of a linear layer", "線形層のコスト"), hints=[
     ("Look at `conv_cost` in the section 'The roofline of this model on your device': FLOPs from the shapes, bytes "
      "from what is read and written once.",
-     "「このモデルのルーフライン」の節の `conv_cost` を見てください。FLOP は形から、バイト数は 1回ずつ読み書きする"
+     "「このモデルのルーフライン」の節の `conv_cost` を見てください。FLOP は形状から、バイト数は 1回ずつ読み書きする"
      "ものから求めます。"),
     ("A linear layer multiplies every row of the input (all leading dimensions together are rows) by the weight: "
      "one multiply-add per input feature, output feature and row, and a multiply-add counts as two FLOPs. The "
@@ -87,7 +87,7 @@ def check_07_1(answer):
         rows = math.prod(shape[:-1])
         values = rows * layer.in_features + layer.weight.numel() + rows * layer.out_features
         values += layer.bias.numel() if layer.bias is not None else 0
-        where = tr(f"For {layer} on an input of shape {shape}", f"入力の形 {shape} の {layer} で")
+        where = tr(f"For {layer} on an input of shape {shape}", f"入力の形状 {shape} の {layer} で")
         if not near(got[0], flops):
             key = "missing_factor_two" if near(got[0], flops / 2) else None
             if key is None and near(got[0], flops / rows * shape[0]):
@@ -98,7 +98,7 @@ def check_07_1(answer):
             return wrong(tr(f"{where} ({nbytes} bytes per value) your bytes are {got[1]:g}.",
                             f"{where}（値 1つあたり {nbytes}バイト）、あなたのバイト数は {got[1]:g} です。"), key)
     return right(tr("FLOPs equal PyTorch's count and the bytes the minimum traffic, on 8 random layers and shapes.",
-                    "ランダムな 8通りの層と形で、FLOP は PyTorch の数え方と、バイト数は最小の転送量と一致しました。"))
+                    "ランダムな 8通りの層と形状で、FLOP は PyTorch の数え方と、バイト数は最小の転送量と一致しました。"))
 
 
 # ---- 07.2: the roofline ----------------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ COLLECTIVES = ("all_reduce", "all_gather", "all_gather_object", "all_gather_into
 P2P_HINT = ("Use only dist.send/recv, dist.isend/irecv or dist.batch_isend_irecv with dist.P2POp: the exercise "
             "builds the collective itself.",
             "dist.send/recv、dist.isend/irecv、または dist.P2POp と dist.batch_isend_irecv だけを使ってください。"
-            "この問題は集団通信そのものを作る練習です。")
+            "この問題は集合通信そのものを作る練習です。")
 
 
 def watched_call(fn, *args):
@@ -181,7 +181,7 @@ def scatter_key(got, n, rank, k):
      "with P2POp isend/irecv in one batch_isend_irecv, add it; return chunk rank of the flattened tensor.",
      "bounds = chunk_bounds(n, k) とし、ステップ s ではチャンク (rank - s - 1) % k を送り、チャンク "
      "(rank - s - 2) % k を受け取ります（P2POp の isend/irecv を 1回の batch_isend_irecv で）。受け取ったものを"
-     "足し、平らにしたテンソルのチャンク rank を返します。"),
+     "足し、フラットにしたテンソルのチャンク rank を返します。"),
 ], mistakes={
     "used_collective": P2P_HINT,
     "rotated": ("Your rank holds the full sum of the next rank's chunk: that is where the chapter's ring ends. Shift "

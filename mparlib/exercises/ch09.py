@@ -107,14 +107,14 @@ def reference_shards(tensors, world):
     return list(padded.split(size))
 
 
-@exercise("09.2", title=("Shard a flat parameter", "平らなパラメータのシャーディング"), hints=[
+@exercise("09.2", title=("Shard a flat parameter", "フラットなパラメータのシャーディング"), hints=[
     ("Look at `mparlib.sharding.ShardedOptimizer` in the section 'ZeRO from primitives': how does it cut the "
      "parameters among the ranks?",
      "「プリミティブから作る ZeRO」の節の `mparlib.sharding.ShardedOptimizer` を見てください。パラメータを"
      "ランクにどう分けているでしょうか。"),
     ("Flatten every tensor and concatenate them; every rank gets the same number of elements, S = ceil(total / "
      "world), so the buffer is padded with zeros up to world x S. Rank r takes elements r S to (r + 1) S.",
-     "すべてのテンソルを平らにしてつなげます。どのランクも同じ個数 S = ceil(total / world) を受け持つので、"
+     "すべてのテンソルをフラットにしてつなげます。どのランクも同じ個数 S = ceil(total / world) を受け持つので、"
      "バッファを world x S までゼロで埋めます。ランク r は r S から (r + 1) S までの要素を受け持ちます。"),
     ("flat = torch.cat([t.reshape(-1) for t in tensors]); S = math.ceil(flat.numel() / world); pad with "
      "torch.zeros to world * S; return padded[rank * S:(rank + 1) * S].",
@@ -123,10 +123,10 @@ def reference_shards(tensors, world):
 ], mistakes={
     "no_padding": ("The shards differ in size: pad the flat buffer with zeros to a multiple of the world size, so "
                    "that every rank's shard has ceil(total / world) elements.",
-                   "シャードの大きさがそろっていません。平らなバッファをワールドサイズの倍数までゼロで埋め、どのランクの"
+                   "シャードの大きさがそろっていません。フラットなバッファをワールドサイズの倍数までゼロで埋め、どのランクの"
                    "シャードも ceil(total / world) 個にしてください。"),
     "wrong_slice": ("This shard is another rank's: rank r takes the r-th slice of S elements.",
-                    "このシャードは別のランクのものです。ランク r は S 個ずつの r 番目の区間を受け持ちます。"),
+                    "このシャードは別のランクのものです。ランク r は S 個ずつの r 番目のスライスを受け持ちます。"),
 })
 def check_09_2(answer):
     """Compare every rank's shard with the slices of the padded flat buffer (uneven totals, a rank of padding
@@ -146,24 +146,24 @@ def check_09_2(answer):
                 key = "wrong_slice"
             return wrong(mismatch_text(where, first_mismatch(got, expected[rank])), key)
     return right(tr("Every rank's shard is its slice of the zero-padded flat buffer, for totals that do not divide.",
-                    "割り切れない合計でも、各ランクのシャードはゼロで埋めた平らなバッファのそのランクの区間でした。"))
+                    "割り切れない合計でも、各ランクのシャードはゼロで埋めたフラットなバッファのそのランクのスライスでした。"))
 
 
-@exercise("09.3", title=("Back from the shards", "シャードから元へ"), hints=[
+@exercise("09.3", title=("Back from the shards", "シャードからの復元"), hints=[
     ("This is what the all-gather of ZeRO's step undoes (section 'ZeRO from primitives'): the ranks' shards, in "
      "rank order, make the padded flat buffer.",
      "これは ZeRO のステップのオールギャザーが元に戻すものです（「プリミティブから作る ZeRO」の節）。ランクの順に"
-     "並べたシャードが、埋め草を含む平らなバッファになります。"),
+     "並べたシャードが、パディングを含むフラットなバッファになります。"),
     ("Concatenate the shards; then cut the tensors off the front one after another, each with as many elements as "
      "its shape holds, and reshape. What is left at the end is padding.",
-     "シャードをつなげ、前から順に、それぞれの形が持つ個数ずつ切り出して形を戻します。最後に残るのは埋め草です。"),
+     "シャードをつなげ、前から順に、それぞれの形状が持つ個数ずつ切り出して形状を戻します。最後に残るのはパディングです。"),
     ("flat = torch.cat(shards); for shape in shapes: n = math.prod(shape); take flat[offset:offset + n]"
      ".reshape(shape); offset += n.",
      "flat = torch.cat(shards); 各 shape について n = math.prod(shape); flat[offset:offset + n].reshape(shape) を"
      "取り、offset += n とします。"),
 ], mistakes={
     "shape_lost": ("The values are right but a tensor has the wrong shape: reshape each piece to its shape.",
-                   "値は正しいのですが、形の違うテンソルがあります。切り出した各部分を元の形にしてください。"),
+                   "値は正しいのですが、形状の違うテンソルがあります。切り出した各部分を元の形状にしてください。"),
 })
 def check_09_3(answer):
     """Unshard the reference shards and compare with the original tensors. Explained in 09_sharding."""
@@ -183,7 +183,7 @@ def check_09_3(answer):
                 torch.equal(g.reshape(-1), t.reshape(-1)) else None
             return wrong(mismatch_text(where, first_mismatch(g, t, 0, 0)), key)
     return right(tr("Every tensor came back exactly, padding dropped.",
-                    "埋め草を除いて、すべてのテンソルが正確に元に戻りました。"))
+                    "パディングを除いて、すべてのテンソルが正確に元に戻りました。"))
 
 
 # ---- 09.4: a ZeRO step -------------------------------------------------------------------------------------------
@@ -249,8 +249,8 @@ def zero_key(values, step, index):
     ("Flatten the local gradients into a buffer padded to world x S; reduce-scatter it (each rank receives the "
      "sum of its slice) and divide by the world size; update this rank's slice of the flat parameters with SGD; "
      "all-gather the slices and copy them back into the parameters.",
-     "ローカルな勾配を world x S まで埋めたバッファに平らに並べ、リデュース・スキャッタします（各ランクは自分の区間の"
-     "合計を受け取ります）。それをワールドサイズで割り、平らなパラメータのこのランクの区間を SGD で更新し、区間を"
+     "ローカルな勾配を world x S まで埋めたバッファにフラットに並べ、リデュース・スキャッタします（各ランクは自分のスライスの"
+     "合計を受け取ります）。それをワールドサイズで割り、フラットなパラメータのこのランクのスライスを SGD で更新し、スライスを"
      "オールギャザーしてパラメータに書き戻します。"),
     ("grads = zeros(world * S); grads[:total] = cat of p.grad; reduce_scatter_single(shard, grads) (the chapter's "
      "worker shows the name for your torch); shard /= world; mine = flat_params[rank*S:(rank+1)*S] - lr * shard; "
@@ -265,7 +265,7 @@ def zero_key(values, step, index):
                         "並列では平均します。dist.get_world_size() で割ってください。"),
     "ranks_differ": ("The ranks end with different parameters: every rank must receive every other rank's updated "
                      "slice (the all-gather) and use the gradients summed over all ranks (the reduce-scatter).",
-                     "ランクごとにパラメータが違っています。どのランクも他のすべてのランクの更新済みの区間を受け取り"
+                     "ランクごとにパラメータが違っています。どのランクも他のすべてのランクの更新済みのスライスを受け取り"
                      "（オールギャザー）、全ランクで合計した勾配を使う（リデュース・スキャッタ）必要があります。"),
 })
 def check_09_4(answer, nproc=3):

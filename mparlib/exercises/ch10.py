@@ -80,7 +80,7 @@ def row_key(case, world):
     "whole_input": ("Every rank computed the whole product, so the sum counts it world-size times: each rank takes "
                     "only its slice of the input features and of the weight's columns.",
                     "各ランクが積全体を計算したため、合計では積がワールドサイズ回数えられています。各ランクは入力の特徴と"
-                    "重みの列の自分の区間だけを使います。"),
+                    "重みの列の自分のスライスだけを使います。"),
 })
 def check_10_1(answer, nproc=2):
     """Compare both ranks' outputs with nn.Linear on a 2-D and a 3-D input. Explained in 10_model_parallel."""
@@ -91,7 +91,7 @@ def check_10_1(answer, nproc=2):
                 continue
             shape = tuple(case["expected"].shape)
             where = tr(f"Rank {rank}'s output for an input of shape {shape[:-1] + (8,)}",
-                       f"入力の形が {shape[:-1] + (8,)} のときのランク {rank} の出力")
+                       f"入力の形状が {shape[:-1] + (8,)} のときのランク {rank} の出力")
             key = row_key(case, v["world"]) if isinstance(case["got"], torch.Tensor) else "shape"
             return wrong(mismatch_text(where, first_mismatch(case["got"], case["expected"], 1e-9, 1e-9)), key)
     return right(tr(f"On {nproc} ranks the row-parallel layer equals nn.Linear, for 2-D and 3-D inputs.",

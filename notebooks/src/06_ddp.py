@@ -648,7 +648,7 @@ from mparlib.exercises import check, hint
 # processes, each with the same small network (one of whose parameters is frozen) and its own
 # third of a batch, and compares every gradient with that of one process on the whole batch.
 # <!-- ja -->
-# ### 練習問題 06.1: 勾配の平均を手で
+# ### 練習問題 06.1: 手で求める勾配の平均
 #
 # 各プロセスが自分の担当分で `loss.backward()` を実行した直後に呼ぶ `average_gradients(model)` を書いてください。呼んだあと、各パラメータの `.grad` には DDP が入れるのと同じものが入っていなければなりません。チェックは 3個のプロセスを動かし、それぞれが同じ小さなネットワーク（パラメータの 1つは凍結してあります）とミニバッチの 3分の 1 を使って、すべての勾配を 1個のプロセスがミニバッチ全体で計算した勾配と比べます。
 

@@ -653,7 +653,7 @@ from mparlib.exercises import check, hint
 # <!-- ja -->
 # ### 練習問題 07.1: 線形層のコスト
 #
-# `conv_cost` の `nn.Linear` 版として `linear_cost(linear, in_shape, bytes_per_value)` を書いてください。形 `in_shape`（先頭の次元はいくつでもかまいません）の入力に対する順伝播の FLOP と、値 1つが `bytes_per_value` バイトのときに動かす最小のバイト数を、組 `(flops, bytes)` で返します。チェックはランダムに選んだ層と形で、FLOP を `FlopCounterMode` の数え方と、バイト数を各テンソルを 1回ずつ読み書きする転送量と比べます。
+# `conv_cost` の `nn.Linear` 版として `linear_cost(linear, in_shape, bytes_per_value)` を書いてください。形状 `in_shape`（先頭の次元はいくつでもかまいません）の入力に対する順伝播の FLOP と、値 1つが `bytes_per_value` バイトのときに動かす最小のバイト数を、組 `(flops, bytes)` で返します。チェックはランダムに選んだ層と形状で、FLOP を `FlopCounterMode` の数え方と、バイト数を各テンソルを 1回ずつ読み書きする転送量と比べます。
 
 # %%
 # Exercise 07.1: starter

@@ -1346,9 +1346,9 @@ check("09.1", bytes_per_rank)
 # number of elements. The check uses totals that do not divide by the world size, down to a rank that holds only
 # padding.
 # <!-- ja -->
-# ### 練習問題 09.2: 平らなパラメータのシャーディング
+# ### 練習問題 09.2: フラットなパラメータのシャーディング
 #
-# `tensors` を 1本のバッファに平らに並べ、章のシャーディングしたオプティマイザと同じ分け方で `world` 個のランクに分けるときの、ランク `rank` のシャードを返す `shard_flat(tensors, rank, world)` を書いてください。どのランクの要素数も同じです。チェックはワールドサイズで割り切れない合計を使い、埋め草しか持たないランクがある場合も試します。
+# `tensors` を 1本のバッファにフラットに並べ、章のシャーディングしたオプティマイザと同じ分け方で `world` 個のランクに分けるときの、ランク `rank` のシャードを返す `shard_flat(tensors, rank, world)` を書いてください。どのランクの要素数も同じです。チェックはワールドサイズで割り切れない合計を使い、パディングしか持たないランクがある場合も試します。
 
 # %%
 # Exercise 09.2: starter
@@ -1372,9 +1372,9 @@ check("09.2", shard_flat)
 # Write `unshard_flat(shards, shapes)`, the inverse: from the list of all ranks' shards (in rank order) and the
 # shapes of the original tensors, return the tensors. The check feeds it the shards of exercise 09.2's cases.
 # <!-- ja -->
-# ### 練習問題 09.3: シャードから元へ
+# ### 練習問題 09.3: シャードからの復元
 #
-# その逆の `unshard_flat(shards, shapes)` を書いてください。全ランクのシャード（ランクの順）のリストと元のテンソルの形から、元のテンソルを返します。チェックは練習問題 09.2 の場合のシャードを渡します。
+# その逆の `unshard_flat(shards, shapes)` を書いてください。全ランクのシャード（ランクの順）のリストと元のテンソルの形状から、元のテンソルを返します。チェックは練習問題 09.2 の場合のシャードを渡します。
 
 # %%
 # Exercise 09.3: starter
