@@ -253,14 +253,15 @@ def check_06_2(answer, nproc=3, size=10, epochs=3, seed=5):
 
 
 # ---- 06.3: rank 0's checkpoint -------------------------------------------------------------------------------------
-def save_child(module, name, folder, delay=2.0):
-    """The learner saves a DDP model's checkpoint; torch.save is watched and delayed on rank 0. Explained in 06_ddp."""
+def save_child(module, name, folder, delay=4.0):
+    """The learner saves a DDP model's checkpoint; torch.save is watched, and on rank 0 it waits until the other
+    ranks have returned (or ``delay`` seconds, when they wait for it as they should). Explained in 06_ddp."""
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     fn = learner_function(module, name)
     try:
-        rank = dist.get_rank()
+        rank, world = dist.get_rank(), dist.get_world_size()
         torch.manual_seed(0)
         model = DDP(nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2)))
         path = str(Path(folder) / "checkpoint.pt")
@@ -268,8 +269,9 @@ def save_child(module, name, folder, delay=2.0):
 
         def watched_save(obj, f, *args, **kwargs):
             saves.append(str(f))
-            if rank == 0:
-                time.sleep(delay)  # a slow disk: a rank that does not wait finds no file yet
+            end = time.monotonic() + delay  # a slow disk: a rank that does not wait finds no file yet
+            while rank == 0 and time.monotonic() < end and len(list(Path(folder).glob("returned-*"))) < world - 1:
+                time.sleep(0.05)
             return real_save(obj, f, *args, **kwargs)
     except Exception:
         return fault()
@@ -277,6 +279,8 @@ def save_child(module, name, folder, delay=2.0):
     try:
         fn(model, path)
         there = os.path.exists(path)
+        if rank > 0:
+            Path(folder, f"returned-{rank}").touch()  # lets rank 0's slow save go on
     finally:
         torch.save = real_save
     try:

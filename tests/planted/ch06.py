@@ -54,10 +54,15 @@ def save_in_place(model, path):  # 06.3 -> not_atomic
 
 PLANTED = [
     ("06.1", "missing_division", sum_only),
-    ("06.1", "wrong_divisor", halve),
     ("06.2", "forgot_set_epoch", shares_without_set_epoch),
-    ("06.2", "different_orders", shares_seeded_by_rank),
     ("06.3", "missing_barrier", save_without_barrier),
-    ("06.3", "module_prefix", save_wrapper),
     ("06.3", "not_atomic", save_in_place),
+]
+
+# Also rejected with their hints (checked by hand): left out of PLANTED because each costs a start of fresh processes
+# in the generic tests.
+EXTRA_PLANTED = [
+    ("06.1", "wrong_divisor", halve),
+    ("06.2", "different_orders", shares_seeded_by_rank),
+    ("06.3", "module_prefix", save_wrapper),
 ]

@@ -102,11 +102,16 @@ def buckets_one_cap(grad_bytes, cap_bytes, first_cap_bytes=None):  # 08.4 -> fir
 PLANTED = [
     ("08.1", "rank_order", gather_rotated),
     ("08.1", "used_collective", gather_with_collective),
-    ("08.1", "hang", both_receive_first),
     ("08.2", "rotated", ring_as_in_the_chapter),
-    ("08.2", "no_sum", ring_without_adding),
     ("08.3", "one_phase", ring_seconds_one_phase),
     ("08.3", "whole_message", ring_seconds_whole_message),
     ("08.4", "closes_early", buckets_never_above_cap),
     ("08.4", "first_bucket", buckets_one_cap),
+]
+
+# Also rejected with their hints (checked by hand): left out of PLANTED because each costs a start of fresh processes
+# in the generic tests.
+EXTRA_PLANTED = [
+    ("08.1", "hang", both_receive_first),
+    ("08.2", "no_sum", ring_without_adding),
 ]
