@@ -4,9 +4,11 @@ chapter module present in mparlib/exercises/ (solutions/chNN.py and tests/plante
 import ast
 import importlib
 import re
+import shutil
 import sys
 import time
 import types
+from html import unescape as html_unescape
 from pathlib import Path
 
 import pytest
@@ -283,3 +285,38 @@ def test_a_notebook_function_is_refused_before_any_process_starts():
     with pytest.raises(core.Stop) as stop:
         core.run_ranks(local, 2)
     assert "%%worker" in stop.value.outcome.message
+
+
+# ---- The book ---------------------------------------------------------------------------------------------------
+def build_book(tmp_path, solutions):
+    """The book of chapter 01 built in a copy of the repository's settings, with `solutions` set as given."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        import book
+    finally:
+        sys.path.pop(0)
+    root = tmp_path / f"solutions-{solutions}"
+    root.mkdir()
+    settings = (ROOT / "book.toml").read_text(encoding="utf-8")
+    assert "\nsolutions = false\n" in settings  # the published book has no solutions
+    (root / "book.toml").write_text(settings.replace("\nsolutions = false\n", f"\nsolutions = {str(solutions).lower()}\n"),
+                                    encoding="utf-8")
+    shutil.copytree(ROOT / "book-theme", root / "book-theme")
+    shutil.copytree(ROOT / "solutions", root / "solutions")
+    for lang in ("en", "ja"):
+        (root / "notebooks" / lang).mkdir(parents=True)
+        shutil.copy(ROOT / "notebooks" / lang / "01_dataparallel.ipynb", root / "notebooks" / lang)
+    book.build(root=root, log=lambda *a: None)
+    return root / "site"
+
+
+def test_the_book_shows_hints_and_leaves_solutions_out_unless_book_toml_asks(tmp_path):
+    for solutions in (False, True):
+        site = build_book(tmp_path, solutions)
+        for lang, title in (("en", "Solutions (for instructors)"), ("ja", "解答（講師用）")):
+            chapter = (site / lang / "01_dataparallel.html").read_text(encoding="utf-8")
+            label = "Hint 3 of 3" if lang == "en" else "ヒント 3/3"
+            assert chapter.count("<details>") >= 9 and label in chapter  # three layered hints per exercise
+            texts = "".join(p.read_text(encoding="utf-8") for p in (site / lang).rglob("*.html"))
+            assert ("def chunk_sizes(batch, k):\n    \"\"\"01.1" in html_unescape(texts)) == solutions
+            assert (site / lang / "solutions.html").exists() == solutions and (title in texts) == solutions

@@ -45,7 +45,18 @@ CHAPTER = "[0-9][0-9]_*.ipynb"
 # [preprocessor.mparlib]: mdBook's own preprocessor keys, then the course's.
 SETTINGS = {"command": str, "renderers": list, "before": list, "after": list, "optional": bool,
             "title-ja": str, "notebooks": str, "stage": str, "site": str, "site-url": str,
-            "repository": str, "branch": str}
+            "repository": str, "branch": str, "solutions": bool}
+# The instructor's page that `solutions = true` adds after the chapters (solutions/chNN.py as code).
+SOLUTIONS_TEXT = {
+    "en": ("Solutions (for instructors)",
+           "The reference solutions of the checkable exercises, from the repository's `solutions/` folder. This "
+           "page is in the book because its `book.toml` sets `solutions = true`; the published course leaves it "
+           "out, so that the exercises stay usable as homework."),
+    "ja": ("解答（講師用）",
+           "チェックできる練習問題の解答例です。リポジトリの `solutions/` フォルダから作っています。このページがあるのは、"
+           "`book.toml` に `solutions = true` と書かれているからです。公開するコースでは、練習問題を課題として使えるように、"
+           "このページを含めません。"),
+}
 
 
 def _toml(path):
@@ -163,8 +174,26 @@ def chapters_found(notebooks, log=print):
     return found
 
 
-def stage(notebooks, stage_dir, lang, nb_files=None):
-    """Write one language's mdBook sources (pages, figures, SUMMARY.md, index.md, 404.md); return the chapters."""
+def solution_files(root):
+    """The instructor solutions the book may show: ``solutions/ch[0-9][0-9].py`` under ``root``, in order."""
+    return sorted(Path(root, "solutions").glob("ch[0-9][0-9].py"))
+
+
+def solutions_page(files, lang):
+    """The Markdown of the instructors' page: each solutions file as a Python code block."""
+    title, intro = SOLUTIONS_TEXT[lang]
+    parts = [f"# {title}\n\n{intro}\n"]
+    for path in files:
+        code = path.read_text(encoding="utf-8").rstrip()
+        fence = "`" * max(3, max((len(m) for m in re.findall(r"`+", code)), default=0) + 1)
+        parts.append(f"## {path.name}\n\n{fence}python\n{code}\n{fence}\n")
+    return "\n".join(parts)
+
+
+def stage(notebooks, stage_dir, lang, nb_files=None, solutions=()):
+    """Write one language's mdBook sources (pages, figures, SUMMARY.md, index.md, 404.md); return the chapters.
+
+    ``solutions``: the solutions files for the instructors' page after the chapters (none: no such page)."""
     nb_files = sorted(Path(notebooks, lang).glob(CHAPTER)) if nb_files is None else nb_files
     src = Path(stage_dir, lang)
     src.mkdir(parents=True, exist_ok=True)
@@ -179,12 +208,17 @@ def stage(notebooks, stage_dir, lang, nb_files=None):
         return title.replace("[", "\\[").replace("]", "\\]")
 
     toc = "\n".join(f"- [{esc(title)}]({stem}.md)" for stem, title in chapters)
-    (src / "SUMMARY.md").write_text(f"# Summary\n\n[{t['intro_title']}](index.md)\n\n{toc}\n", encoding="utf-8")
+    suffix = ""
+    if solutions:
+        (src / "solutions.md").write_text(solutions_page(solutions, lang), encoding="utf-8")
+        suffix = f"\n[{esc(SOLUTIONS_TEXT[lang][0])}](solutions.md)\n"
+    (src / "SUMMARY.md").write_text(f"# Summary\n\n[{t['intro_title']}](index.md)\n\n{toc}\n{suffix}",
+                                    encoding="utf-8")
     # the chapter list is left out of the search index, so a chapter's title finds the chapter, not this page
     (src / "index.md").write_text(f"# {t['intro_title']}\n\n{t['intro']}\n\n## {t['chapters']}\n\n"
                                   f"<div data-pagefind-ignore>\n\n{toc}\n\n</div>\n", encoding="utf-8")
     (src / "404.md").write_text(f"# {t['not_found_title']}\n\n{t['not_found']}\n", encoding="utf-8")
-    return chapters
+    return chapters + ([("solutions", SOLUTIONS_TEXT[lang][0])] if solutions else [])
 
 
 def _mdbook():
@@ -369,7 +403,8 @@ def build(root=ROOT, notebooks=None, out=None, stage_dir=None, site_url=None, lo
     mdbook = _check_tools()
 
     _owned_folder(stage_dir, "stage")
-    chapters = {lang: stage(notebooks, stage_dir, lang, found[lang]) for lang in LANGS}
+    solutions = solution_files(root) if course.get("solutions", False) else []  # for instructors only
+    chapters = {lang: stage(notebooks, stage_dir, lang, found[lang], solutions) for lang in LANGS}
     t_convert = time.perf_counter() - t0
 
     site = _owned_folder(_partial(out), "site")  # built beside the old site, which stays until it is done

@@ -139,7 +139,7 @@ def page_bar(path, lang, counterpart_exists, title="", hosted=None):
     stem = Path(path).stem
     items = [f'<a class="mparlib-lang" href="{up}{other}/{target}" hreflang="{other}" lang="{other}">'
              f"{LANG_NAMES[other]}</a>"]
-    if stem not in ("index", "404"):
+    if stem not in ("index", "404", "solutions"):  # the instructors' page has no notebook
         items.append(f'<a class="mparlib-ipynb" href="{"../" * depth}notebooks/{stem}.ipynb" download>'
                      f"{TEXT[lang]['notebook']}</a>")
         for service, url in (hosted or {}).items():

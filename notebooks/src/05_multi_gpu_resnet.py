@@ -553,18 +553,6 @@ assert isinstance(h_stopped, History) and h_stopped.interrupted and h_stopped.ep
 #   `mparlib.parallel.data_parallel` splits every batch, which shows the arithmetic of data parallelism (each
 #   half normalised on its own, the doubled batch and learning rate) but no speed-up.
 # - Published timings and accuracies are one build's measurements; compare them with your own runs.
-#
-# ## Exercises
-#
-# 1. Count the steps per epoch on the full training set for batch sizes 256, 512 and 1024 with
-#    `math.ceil(60000 / b)`. How much faster would an epoch be with 4 GPUs if the copies cost nothing?
-# 2. Apply `d2l_style_init` to `models.resnet18(10)` instead of `d2l.resnet18(10)`. How many layers does it reach
-#    now, and why?
-# 3. Train the second run again with the batch size doubled but the learning rate not (`lr=RUNS["one"]["lr"]`).
-#    Compare `h.train_loss` with `h_all.train_loss`: what does the linear scaling rule buy?
-# 4. Evaluate `net` with `evaluate_accuracy(net, test_iter, ["cpu"] * 3)` and compare with one device. Then call
-#    `net.train()` and run `net(X)` on the first half and on the whole of a test batch: why do the predictions
-#    for the same images differ in training mode?
 # <!-- ja -->
 # ## まとめ
 #
@@ -573,10 +561,103 @@ assert isinstance(h_stopped, History) and h_stopped.interrupted and h_stopped.ep
 # - GPU とバッチサイズを 2倍にすると 1エポックのステップ数は半分になりますが、複製と GPU 0 の追加の仕事があるので時間は半分になりません。学習率はバッチサイズに合わせて大きくし、決まったエポック数の後の精度はある程度違うものと考えます。
 # - 2枚目の GPU がなくても、同じ訓練を模擬デバイス（1つのデバイスを 2回並べたもの）で実行できます。コース自身の `mparlib.parallel.data_parallel` が各バッチを分けるので、データ並列の計算の中身（半分ずつの正規化、2倍のバッチサイズと学習率）は確かめられますが、速くはなりません。
 # - 公開されている時間や精度は、ある 1つのビルドで測った値です。自分の実行結果と比べましょう。
+
+# %% [markdown]
+# <!-- en -->
+# ## Exercises
 #
+# Complete each starter, run it, then its check cell; `hint("05.1")` gives the next hint.
+# <!-- ja -->
 # ## 練習問題
 #
-# 1. 訓練データ全体で、バッチサイズ 256、512、1024 のときの 1エポックのステップ数を `math.ceil(60000 / b)` で数えてください。複製などの費用がなければ、GPU 4枚で 1エポックは何倍速くなるでしょうか。
-# 2. `d2l_style_init` を `d2l.resnet18(10)` ではなく `models.resnet18(10)` に適用してください。今度はいくつの層に届くでしょうか。それはなぜでしょうか。
-# 3. 2回目の実行を、バッチサイズは 2倍のまま学習率だけ元に戻して（`lr=RUNS["one"]["lr"]`）やり直してください。`h.train_loss` と `h_all.train_loss` を比べると、線形スケーリング則で何が得られるかがわかります。
-# 4. `evaluate_accuracy(net, test_iter, ["cpu"] * 3)` で `net` を評価し、デバイス 1つの場合と比べてください。次に `net.train()` を呼び、テスト用のバッチの前半だけと全体とで `net(X)` を実行します。同じ画像なのに訓練モードでは予測が変わるのはなぜでしょうか。
+# スターターを完成させて実行し、その下のチェックのセルを実行してください。`hint("05.1")` で次のヒントが表示されます。
+
+# %%
+from mparlib.exercises import check, hint
+
+# %% [markdown]
+# <!-- en -->
+# ### Exercise 05.1: An initialisation that reaches every layer
+#
+# Write `init_layer(m)`, to be used as `net.apply(init_layer)`: d2l's initialisation, the weights of every
+# convolution and linear layer drawn from a normal distribution with standard deviation 0.01, without the
+# blind spot of `d2l_style_init`. Leave everything else (biases, batch normalization, embeddings) as it is. The
+# check applies it to a model whose layers include a subclass of `nn.Linear`.
+# <!-- ja -->
+# ### 練習問題 05.1: すべての層に届く初期化
+#
+# `net.apply(init_layer)` として使う `init_layer(m)` を書いてください。d2l の初期化、つまりすべての畳み込み層と線形層の重みを標準偏差 0.01 の正規分布から選び直す処理を、`d2l_style_init` の見落としなしに行います。それ以外（バイアス、バッチ正規化、埋め込み）はそのままにします。チェックは、`nn.Linear` のサブクラスを含むモデルに適用します。
+
+# %%
+# Exercise 05.1: starter
+def init_layer(m):
+    """d2l's N(0, 0.01^2) for the weights of every convolution and linear layer."""
+    raise NotImplementedError("05.1")
+
+
+# %%
+check("05.1", init_layer)
+
+# %% [markdown]
+# <!-- en -->
+# ### Exercise 05.2: Steps per epoch
+#
+# Write `steps_per_epoch(n_images, batch_per_device, k, drop_last)`: the number of optimizer steps in one epoch
+# over `n_images` images when each of `k` devices takes `batch_per_device` images per step, as this chapter's
+# second run does; `drop_last` says whether a last, smaller batch is skipped.
+# <!-- ja -->
+# ### 練習問題 05.2: 1エポックのステップ数
+#
+# この章の 2回目の実行のように、`k`台のデバイスがそれぞれ 1ステップで `batch_per_device` 枚の画像を受け取るとき、`n_images` 枚の画像の 1エポックで最適化のステップが何回あるかを返す `steps_per_epoch(n_images, batch_per_device, k, drop_last)` を書いてください。`drop_last` は、最後の小さなバッチを飛ばすかどうかです。
+
+# %%
+# Exercise 05.2: starter
+def steps_per_epoch(n_images, batch_per_device, k, drop_last):
+    """Optimizer steps in one epoch when each of k devices takes batch_per_device images per step."""
+    raise NotImplementedError("05.2")
+
+
+# %%
+check("05.2", steps_per_epoch)
+
+# %% [markdown]
+# <!-- en -->
+# ### Exercise 05.3: This machine's throughput
+#
+# Write `images_per_second(net, X, y)`: measure how many images per second plain SGD steps
+# (`train_step`, learning rate 0.01, cross-entropy loss) train `net` on the batch `(X, y)` on this machine. The
+# check gives you a small network and a batch of 256 images, measures the same thing itself just before and just
+# after your function runs (with one CPU thread for all three measurements), and accepts a value within a factor of 3 of its
+# measurements. Your answer is a measurement, so it differs from machine to machine.
+# <!-- ja -->
+# ### 練習問題 05.3: このマシンのスループット
+#
+# ふつうの SGD のステップ（`train_step`、学習率 0.01、交差エントロピー損失）が、このマシンでバッチ `(X, y)` を使って `net` を 1秒あたり何枚の画像で訓練できるかを測る `images_per_second(net, X, y)` を書いてください。チェックは小さなネットワークと 256枚の画像のバッチを渡し、あなたの関数の直前と直後に同じものを自分でも測り（3回とも CPU のスレッド 1本で測ります）、その 3倍の範囲に収まる値を正解とします。答えは測定値なので、マシンごとに違います。
+
+# %%
+# Exercise 05.3: starter
+def images_per_second(net, X, y):
+    """Images per second that SGD steps on (X, y) train net at, measured on this machine."""
+    raise NotImplementedError("05.3")
+
+
+# %%
+check("05.3", images_per_second)
+
+# %% [markdown]
+# <!-- en -->
+# ### More questions
+#
+# 1. Apply `d2l_style_init` to `models.resnet18(10)` instead of `d2l.resnet18(10)`. How many layers does it reach
+#    now, and why?
+# 2. Train the second run again with the batch size doubled but the learning rate not (`lr=RUNS["one"]["lr"]`).
+#    Compare `h.train_loss` with `h_all.train_loss`: what does the linear scaling rule buy?
+# 3. Evaluate `net` with `evaluate_accuracy(net, test_iter, ["cpu"] * 3)` and compare with one device. Then call
+#    `net.train()` and run `net(X)` on the first half and on the whole of a test batch: why do the predictions
+#    for the same images differ in training mode?
+# <!-- ja -->
+# ### その他の問い
+#
+# 1. `d2l_style_init` を `d2l.resnet18(10)` ではなく `models.resnet18(10)` に適用してください。今度はいくつの層に届くでしょうか。それはなぜでしょうか。
+# 2. 2回目の実行を、バッチサイズは 2倍のまま学習率だけ元に戻して（`lr=RUNS["one"]["lr"]`）やり直してください。`h.train_loss` と `h_all.train_loss` を比べると、線形スケーリング則で何が得られるかがわかります。
+# 3. `evaluate_accuracy(net, test_iter, ["cpu"] * 3)` で `net` を評価し、デバイス 1つの場合と比べてください。次に `net.train()` を呼び、テスト用のバッチの前半だけと全体とで `net(X)` を実行します。同じ画像なのに訓練モードでは予測が変わるのはなぜでしょうか。
