@@ -24,6 +24,12 @@ For authors of a chapter's checks (module ``mparlib/exercises/chNN.py``, found f
         ...
         return wrong(mismatch_text("rank 1's result", mm), "no_division")   # or right(), cannot_run(...)
 
+Helpers in ``core`` (all stable): ``call(fn, *args, on_error=None, **kwargs)`` (``on_error(exc)`` may name the
+mistake behind an exception), ``value(answer)``, ``compare_cases(answer, cases, reference, detectors, same)`` for
+formula exercises checked at many points, ``first_mismatch(got, expected, rtol, atol)`` + ``mismatch_text(where,
+mismatch)``, ``ratio(got, expected)``, ``close_enough``, ``show_call``, ``not_attempted()``, ``learner_error(exc)``,
+``is_starter(fn)``, ``Stop(outcome)`` (raise it to end a check with that outcome), ``registered()``, ``lookup()``.
+
 ``run_ranks`` returns one ``RankResult(rank, value, error, reference)`` per rank; a hang ends the check within
 ``timeout`` (a collective's limit, 20 s) with a wrong outcome naming the waiting rank (mistake key ``"hang"``).
 ``value(answer)`` turns a numeric answer (or a function returning one) into a number. Keys ``"hang"`` and

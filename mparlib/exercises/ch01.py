@@ -54,6 +54,7 @@ def _cases_01_1():
               "チャンクの大きさを切り捨て、残りを最後のデバイスに回しています。torch.chunk は切り上げます。"),
 })
 def check_01_1(answer):
+    """The check of exercise 01.1, "Chunk sizes". Explained in 01_dataparallel."""
     floor = lambda c, got, exp: c[1] > 1 and got == [c[0] // c[1]] * (c[1] - 1) + [c[0] - (c[1] - 1) * (c[0] // c[1])]
     return compare_cases(answer, _cases_01_1(), _chunks, detectors=[
         ("idle_devices", lambda c, got, exp: len(got) > len(exp) and list(got[:len(exp)]) == exp
@@ -100,6 +101,7 @@ def _cases_01_2():
                   "（Goyal ら）。"),
 })
 def check_01_2(answer):
+    """The check of exercise 01.2, "Linear scaling with warm-up". Explained in 01_dataparallel."""
     def from_zero(c, got, exp):
         step, base, k, w = c
         return step < w and math.isclose(got, base * k * step / w, rel_tol=1e-6, abs_tol=1e-12)
@@ -164,6 +166,7 @@ def _reference_step(net, X, Y, lr):
                   "更新量がデバイスの数に応じて拡大・縮小されています。全体のバッチが同じなら学習率はそのままです。"),
 })
 def check_01_3(answer, devices=("cpu",) * 4, lr=0.1):
+    """The check of exercise 01.3, "One step on simulated devices". Explained in 01_dataparallel."""
     net, log, X, Y = _step_models()
     theirs = copy.deepcopy(net)
     theirs[0].log = log

@@ -41,7 +41,7 @@ NAMES_02_1 = ["forward", "predict", "module", "device_ids", "class_names", "head
               "scale", "parameters", "no_such_name", "body", "output_device"]
 
 
-@exercise("02.1", title=("Who answers the name?", "名前に答えるのはどちらか"), hints=[
+@exercise("02.1", title=("Who answers the name?", "名前に答える側の判定"), hints=[
     ("Read 'Where attributes live' and the lookup order listed under 'A subclass that works'.",
      "「属性の置き場所」と、「正しく動くサブクラス」の下にある探索の順序を読んでください。"),
     ("Three places belong to the wrapper: its instance __dict__, its class (with the parents), and nn.Module's "
@@ -62,6 +62,7 @@ NAMES_02_1 = ["forward", "predict", "module", "device_ids", "class_names", "head
     "none_for_missing": ("A name neither has must give None.", "どちらにもない名前には None を返してください。"),
 })
 def check_02_1(answer):
+    """The check of exercise 02.1, "Who answers the name?". Explained in 02_wrapped_attributes."""
     wrapper = AttrDataParallel(_Model())
     for name in NAMES_02_1:
         got, expected = call(answer, wrapper, name), _owner(wrapper, name)
@@ -117,6 +118,7 @@ def _states_02_2():
                "キーは正しいのですが、値がそのキーに保存されていたテンソルではありません。"),
 })
 def check_02_2(answer):
+    """The check of exercise 02.2, "Removing the `module.` prefix". Explained in 02_wrapped_attributes."""
     for state in _states_02_2():
         before = dict(state)
         got = call(answer, state)
@@ -177,6 +179,7 @@ def _cases_02_3():
                "関数がモデルを変えました。読み込んだらどうなるかを、実際には読み込まずに答えてください。"),
 })
 def check_02_3(answer):
+    """The check of exercise 02.3, "What a load would miss". Explained in 02_wrapped_attributes."""
     for model, state in _cases_02_3():
         before = {k: v.clone() for k, v in model.state_dict().items()}
         got = call(answer, model, dict(state))

@@ -68,6 +68,7 @@ def _same_parts(got, expected):
                    "渡します。"),
 })
 def check_03_1(answer):
+    """The check of exercise 03.1, "Scattering a batch". Explained in 03_primitives."""
     for batch, devices in _batches_03_1():
         got = call(answer, dict(batch), list(devices))
         expected = scatter(batch, devices)
@@ -143,6 +144,7 @@ def _net_03_2(log):
                           "チャンクの数だけレプリカを残してください。"),
 })
 def check_03_2(answer):
+    """The check of exercise 03.2, "data_parallel along another dimension". Explained in 03_primitives."""
     for batch, k in ((7, 3), (2, 4), (8, 4)):
         log = []
         net = _net_03_2(log)
@@ -201,6 +203,7 @@ def _cases_03_3():
                  "損失に勾配がありません。テンソルの演算で作ってください（float()、.item()、.detach() は使いません）。"),
 })
 def check_03_3(answer):
+    """The check of exercise 03.3, "One loss from chunk losses". Explained in 03_primitives."""
     torch.manual_seed(5)
     for sizes in _cases_03_3():
         rows = torch.randn(sum(sizes), dtype=torch.float64).pow(2)

@@ -41,6 +41,7 @@ def _cases_04_1():
                 "ステージとマイクロバッチの役割が入れ替わっています。"),
 })
 def check_04_1(answer):
+    """The check of exercise 04.1, "The bubble". Explained in 04_hybrid_cpu_gpu."""
     return compare_cases(answer, _cases_04_1(), _bubble, detectors=[
         ("percent", lambda c, got, exp: exp > 0 and abs(ratio(got, exp) - 100) < 1e-6),
         ("over_m", lambda c, got, exp: abs(got - (c[0] - 1) / c[1]) < 1e-9),
@@ -98,6 +99,7 @@ def _devices_04_2():
                   "モジュールには `first` と `second` という名前のサブモジュールが 2つ必要です。"),
 })
 def check_04_2(answer, split_at=2):
+    """The check of exercise 04.2, "A model split over two devices". Explained in 04_hybrid_cpu_gpu."""
     net, devices = _net_04_2(), _devices_04_2()
     reference = copy.deepcopy(net)
     model = call(answer, net, devices, split_at)
@@ -167,6 +169,7 @@ def _cases_04_3():
               "値が単位の分だけずれています（ビット、KiB、MiB、GiB）。バイトで返してください。"),
 })
 def check_04_3(answer):
+    """The check of exercise 04.3, "A table's memory". Explained in 04_hybrid_cpu_gpu."""
     def no_gradient(c, got, exp):  # plain SGD tells: weights alone, one copy
         return call(answer, 1000, 10, "sgd") == 1000 * 10 * 4
 

@@ -51,6 +51,7 @@ def _layers(net):
                  "畳み込み層と線形層以外の層（バッチ正規化、埋め込み）か、バイアスが変わっています。"),
 })
 def check_05_1(answer):
+    """The check of exercise 05.1, "An initialisation that reaches every layer". Explained in 05_multi_gpu_resnet."""
     torch.manual_seed(8)
     net = _Block()
     before = {k: v.detach().clone() for k, v in net.state_dict().items()}
@@ -109,6 +110,7 @@ def _cases_05_2():
                   "drop_last=True のとき、最後の小さなバッチは 1ステップになりません。"),
 })
 def check_05_2(answer):
+    """The check of exercise 05.2, "Steps per epoch". Explained in 05_multi_gpu_resnet."""
     return compare_cases(answer, _cases_05_2(), _steps, detectors=[
         ("per_device", lambda c, got, exp: c[2] > 1 and got == _steps(c[0], c[1], 1, c[3])),
         ("floor", lambda c, got, exp: not c[3] and got == c[0] // (c[1] * c[2])),
@@ -163,6 +165,7 @@ TOLERANCE = 3.0  # a learner's measurement within a factor of 3 of the check's c
                  "値が画像 1枚あたりの秒数のようです。秒数を画像の数で割るのではなく、画像の数を秒数で割ってください。"),
 })
 def check_05_3(answer, tolerance=TOLERANCE):
+    """The check of exercise 05.3, "This machine's throughput". Explained in 05_multi_gpu_resnet."""
     net, X, y = _workload()
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # one thread for both measurements: steadier on a shared machine

@@ -59,7 +59,7 @@ COMMON_MISTAKES = {
 
 @dataclass
 class Exercise:
-    """One registered exercise: its number, hints, mistake hints and check function. Explained in 01_dataparallel."""
+    """One registered exercise: its number, hints, mistake hints and check function. For check authors: see the package docstring."""
     number: str
     check: object
     hints: list
@@ -82,7 +82,7 @@ SHOWN = {}  # number -> the last hint level hint() showed
 
 
 def exercise(number, hints, mistakes=None, needs=None, title=None):
-    """Register the decorated function as the check of exercise ``number`` ("01.1"). Explained in 01_dataparallel.
+    """Register the decorated function as the check of exercise ``number`` ("01.1"). For check authors: see the package docstring.
 
     ``hints``: two or more ``(en, ja)`` pairs, level 1 first (where to look), the last nearly the code, never the
     answer. ``mistakes``: ``{key: (en, ja)}``, the hint for each likely mistake a :func:`wrong` outcome can name.
@@ -104,7 +104,7 @@ def exercise(number, hints, mistakes=None, needs=None, title=None):
 
 
 def lookup(number):
-    """The :class:`Exercise` of ``number``, importing its chapter's module on first use. Explained in 01_dataparallel."""
+    """The :class:`Exercise` of ``number``, importing its chapter's module on first use. For check authors: see the package docstring."""
     match = NUMBER.match(number) if isinstance(number, str) else None
     if match and number not in REGISTRY:
         try:
@@ -122,7 +122,7 @@ def lookup(number):
 
 
 def registered():
-    """Every exercise of every chapter module present, by number (imports them all). Explained in 01_dataparallel."""
+    """Every exercise of every chapter module present, by number (imports them all). For check authors: see the package docstring."""
     for path in sorted(HERE.glob("ch[0-9][0-9].py")):
         importlib.import_module(f"mparlib.exercises.{path.stem}")
     return dict(sorted(REGISTRY.items()))
@@ -131,7 +131,7 @@ def registered():
 # ---- Outcomes ------------------------------------------------------------------------------------------------
 @dataclass
 class Outcome:
-    """What a check found: ``status`` (one of :data:`STATUSES`), a message, a hint. Explained in 01_dataparallel.
+    """What a check found: ``status`` (one of :data:`STATUSES`), a message, a hint. For check authors: see the package docstring.
 
     ``hint_key`` names the likely mistake behind a wrong answer (``None``: no particular one, hint level 1 is shown).
     ``details`` holds a traceback (the learner's for "error", the check's own for "check failed").
@@ -186,24 +186,24 @@ class Outcome:
 
 
 def right(message=""):
-    """The answer is right. Explained in 01_dataparallel."""
+    """The answer is right. For check authors: see the package docstring."""
     return Outcome("right", message)
 
 
 def wrong(message, hint_key=None):
     """The answer is wrong: ``message`` shows the first mismatch (never the expected value when that gives the
-    answer away); ``hint_key`` names the likely mistake (a key of the exercise's ``mistakes``). Explained in
-    01_dataparallel."""
+    answer away); ``hint_key`` names the likely mistake (a key of the exercise's ``mistakes``).
+    For check authors: see the package docstring."""
     return Outcome("wrong", message, hint_key)
 
 
 def cannot_run(message):
-    """This machine cannot run the check (no GPU, ...): never a wrong answer. Explained in 01_dataparallel."""
+    """This machine cannot run the check (no GPU, ...): never a wrong answer. For check authors: see the package docstring."""
     return Outcome("cannot run here", message)
 
 
 class Stop(Exception):
-    """Raised inside a check function to end it with ``outcome`` (used by :func:`call`). Explained in 01_dataparallel."""
+    """Raised inside a check function to end it with ``outcome`` (used by :func:`call`). For check authors: see the package docstring."""
 
     def __init__(self, outcome):
         super().__init__(outcome.status)
@@ -214,7 +214,7 @@ class Stop(Exception):
 def is_starter(fn):
     """True if ``fn``'s body is only (a docstring and) ``raise NotImplementedError(...)``: an untouched starter.
 
-    Read from the source, without calling it (cheap, even for distributed exercises). Explained in 01_dataparallel.
+    Read from the source, without calling it (cheap, even for distributed exercises). For check authors: see the package docstring.
     """
     try:
         tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
@@ -231,8 +231,8 @@ def is_starter(fn):
 
 
 def learner_traceback(exc):
-    """``exc``'s traceback without the check's own frames (from the learner's first frame on). Explained in
-    01_dataparallel."""
+    """``exc``'s traceback without the check's own frames (from the learner's first frame on).
+    For check authors: see the package docstring."""
     frames = traceback.extract_tb(exc.__traceback__)
     start = next((i for i, f in enumerate(frames) if not f.filename.startswith(str(HERE))), len(frames))
     lines = traceback.format_list(frames[start:]) if start < len(frames) else []
@@ -240,7 +240,7 @@ def learner_traceback(exc):
 
 
 def not_attempted():
-    """The outcome for an untouched starter. Explained in 01_dataparallel."""
+    """The outcome for an untouched starter. For check authors: see the package docstring."""
     return Outcome("not attempted", tr("The starter is unchanged: replace `raise NotImplementedError` with your "
                                        "code, run its cell again, then this check.",
                                        "スターターはまだそのままです。`raise NotImplementedError` を自分のコードに"
@@ -248,7 +248,7 @@ def not_attempted():
 
 
 def learner_error(exc, where=""):
-    """The outcome for an exception the learner's code raised. Explained in 01_dataparallel."""
+    """The outcome for an exception the learner's code raised. For check authors: see the package docstring."""
     return Outcome("error", tr(f"Your code raised {type(exc).__name__}{where}:", f"あなたのコードで{where}"
                                f" {type(exc).__name__} が発生しました:"), details=learner_traceback(exc))
 
@@ -256,7 +256,7 @@ def learner_error(exc, where=""):
 def call(fn, *args, on_error=None, **kwargs):
     """Call the learner's ``fn``; its ``NotImplementedError`` or other exception ends the check with "not
     attempted" or "error" (a :class:`Stop`). ``on_error(exc)`` may name the likely mistake behind an exception
-    (a hint key, or ``None``). Explained in 01_dataparallel."""
+    (a hint key, or ``None``). For check authors: see the package docstring."""
     if not callable(fn):
         raise Stop(wrong(tr(f"Pass your function to check (got {type(fn).__name__}).",
                             f"check には関数を渡してください（渡されたのは {type(fn).__name__}）。"), "shape"))
@@ -279,8 +279,8 @@ def safe_key(on_error, exc):
 
 
 def value(answer, kind=(int, float)):
-    """The learner's answer when it is a value (``None`` or a starter function: not attempted). Explained in
-    01_dataparallel."""
+    """The learner's answer when it is a value (``None`` or a starter function: not attempted).
+    For check authors: see the package docstring."""
     if answer is None:
         raise Stop(not_attempted())
     if callable(answer):
@@ -350,7 +350,7 @@ def hint(number, level=None):
 # ---- Comparing ------------------------------------------------------------------------------------------------
 def first_mismatch(got, expected, rtol=1e-5, atol=1e-6):
     """``None`` if the tensors agree, else ``(index, learner's value)`` of the first element that differs (or
-    ``("shape", got.shape)``). Explained in 01_dataparallel."""
+    ``("shape", got.shape)``). For check authors: see the package docstring."""
     if not isinstance(got, torch.Tensor):
         return ("type", type(got).__name__)
     if got.shape != expected.shape:
@@ -368,7 +368,7 @@ def first_mismatch(got, expected, rtol=1e-5, atol=1e-6):
 
 def mismatch_text(where, mismatch):
     """The learner-facing sentence for a :func:`first_mismatch` result; ``where`` names the output ("rank 1's
-    result"). Explained in 01_dataparallel."""
+    result"). For check authors: see the package docstring."""
     kind, val = mismatch
     if kind == "type":
         return tr(f"{where} is a {val}, not a tensor.", f"{where}がテンソルではなく {val} です。")
@@ -379,7 +379,7 @@ def mismatch_text(where, mismatch):
 
 
 def show_call(fn, args):
-    """``name(arg, ...)`` as the learner would write the call. Explained in 01_dataparallel."""
+    """``name(arg, ...)`` as the learner would write the call. For check authors: see the package docstring."""
     name = getattr(fn, "__name__", "answer")
     return f"{name}({', '.join(repr(a) for a in args)})"
 
@@ -389,7 +389,7 @@ def compare_cases(answer, cases, reference, detectors=(), same=None):
 
     ``same(got, expected)`` decides equality (default ``==``; floats: relative 1e-6). ``detectors``: ``(key,
     predicate(case, got, expected))`` pairs; the first that holds names the mistake. Returns an :class:`Outcome`.
-    Explained in 01_dataparallel.
+    For check authors: see the package docstring.
     """
     same = same or close_enough
     for case in cases:
@@ -405,7 +405,7 @@ def compare_cases(answer, cases, reference, detectors=(), same=None):
 
 def safe(predicate, *args):
     """``predicate(*args)``, or False if it raises (a learner's odd value must not crash a mistake detector).
-    Explained in 01_dataparallel."""
+    For check authors: see the package docstring."""
     try:
         return bool(predicate(*args))
     except Exception:
@@ -413,8 +413,8 @@ def safe(predicate, *args):
 
 
 def close_enough(got, expected, rel=1e-6):
-    """Equality of numbers (relative ``rel``), sequences of them, or anything else by ``==``. Explained in
-    01_dataparallel."""
+    """Equality of numbers (relative ``rel``), sequences of them, or anything else by ``==``.
+    For check authors: see the package docstring."""
     if isinstance(expected, (int, float)) and not isinstance(expected, bool):
         return isinstance(got, (int, float)) and not isinstance(got, bool) and math.isclose(
             got, expected, rel_tol=rel, abs_tol=1e-12)
@@ -425,8 +425,8 @@ def close_enough(got, expected, rel=1e-6):
 
 
 def ratio(got, expected):
-    """``got / expected`` for numbers (``None`` if not defined): the mistake detectors' favourite. Explained in
-    01_dataparallel."""
+    """``got / expected`` for numbers (``None`` if not defined): the mistake detectors' favourite.
+    For check authors: see the package docstring."""
     try:
         return float(got) / float(expected) if float(expected) != 0 else None
     except (TypeError, ValueError):
@@ -440,7 +440,7 @@ class RankResult:
 
     ``error`` is ``None`` or ``(kind, "Type: message", traceback)`` with kind "error", "not attempted", "hang"
     (a collective that timed out or lost its partner) or "stuck" (still running at the time limit).
-    Explained in 01_dataparallel.
+    For check authors: see the package docstring.
     """
     rank: int
     value: object = None
@@ -458,7 +458,7 @@ class StillRunning(Exception):
 def rank_harness(module, qualname, args, kwargs, reference, folder, limit):
     """The function each rank of :func:`run_ranks` runs: the check's ``reference`` first (a module-level callable,
     on a clean group), then the learner's function imported by name; writes a :class:`RankResult`.
-    Explained in 01_dataparallel."""
+    For check authors: see the package docstring."""
     import torch.distributed as dist
 
     rank = dist.get_rank()
@@ -495,7 +495,7 @@ def rank_harness(module, qualname, args, kwargs, reference, folder, limit):
 
 def importable(fn):
     """``(module, qualname)`` by which a fresh process imports the learner's ``fn``; else a :class:`Stop` saying
-    to write it in a ``%%worker`` cell. Explained in 01_dataparallel."""
+    to write it in a ``%%worker`` cell. For check authors: see the package docstring."""
     module, name = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
     if not callable(fn) or module in (None, "__main__", "__mp_main__") or "<" in name:
         raise Stop(wrong(tr(
@@ -514,7 +514,7 @@ def run_ranks(fn, nproc, args=(), kwargs=None, *, reference=None, timeout=20, li
 
     ``reference``: a module-level function of the check run first on every rank with the same arguments (e.g.
     PyTorch's own collective). ``timeout`` bounds each collective; ``limit`` (seconds) the learner's code on a
-    rank. Explained in 01_dataparallel.
+    rank. For check authors: see the package docstring.
     """
     from ..launch import launch
 
@@ -542,7 +542,7 @@ def run_ranks(fn, nproc, args=(), kwargs=None, *, reference=None, timeout=20, li
 
 def settle(results, timeout, limit):
     """End the check for ranks that failed: "not attempted", a hang naming the waiting and the missing ranks, or the
-    learner's error from the first failing rank. Explained in 01_dataparallel."""
+    learner's error from the first failing rank. For check authors: see the package docstring."""
     errors = {r.rank: r.error for r in results if r.error}
     if not errors:
         return
@@ -568,5 +568,5 @@ def settle(results, timeout, limit):
 
 
 def environment_note():
-    """One line naming this machine for a measured answer's message. Explained in 01_dataparallel."""
+    """One line naming this machine for a measured answer's message. For check authors: see the package docstring."""
     return f"torch {torch.__version__}, {os.cpu_count()} CPU cores, Python {sys.version.split()[0]}"

@@ -484,7 +484,7 @@ from mparlib.exercises import check, hint
 # <!-- ja -->
 # ### 練習問題 01.1: チャンクの大きさ
 #
-# `batch` 行のバッチを `scatter` が `k`個のデバイスに分けるとき、各デバイスが受け取る行数をデバイスの順に並べたリストを返す `chunk_sizes(batch, k)` を書いてください。何も受け取らないデバイスはリストに含めません。`torch.chunk` や `data_parallel` を呼ばずに、この章の規則から求めてください。
+# `batch` 行のバッチを `scatter` が `k` 個のデバイスに分けるとき、各デバイスが受け取る行数をデバイスの順に並べたリストを返す `chunk_sizes(batch, k)` を書いてください。何も受け取らないデバイスはリストに含めません。`torch.chunk` や `data_parallel` を呼ばずに、この章の規則から求めてください。
 
 # %%
 # Exercise 01.1: starter
@@ -507,7 +507,7 @@ check("01.1", chunk_sizes)
 # <!-- ja -->
 # ### 練習問題 01.2: ウォームアップ付きの線形スケーリング則
 #
-# 全体のバッチを `k`倍にする（デバイスごとに 1台分のバッチを割り当てる）なら、学習率も `k`倍にし、ウォームアップを経てそこに到達させます。最適化のステップ `step`（0 から数えます）での学習率を返す `warmup_lr(step, base_lr, k, warmup_steps)` を書いてください。1台のときの学習率は `base_lr` で、最初の `warmup_steps` ステップの間に `base_lr` から `k * base_lr` まで直線的に上がり、その後は `k * base_lr` のままです。
+# 全体のバッチを `k` 倍にする（デバイスごとに 1台分のバッチを割り当てる）なら、学習率も `k` 倍にし、ウォームアップを経てそこに到達させます。最適化のステップ `step`（0 から数えます）での学習率を返す `warmup_lr(step, base_lr, k, warmup_steps)` を書いてください。1台のときの学習率は `base_lr` で、最初の `warmup_steps` ステップの間に `base_lr` から `k * base_lr` まで直線的に上がり、その後は `k * base_lr` のままです。
 
 # %%
 # Exercise 01.2: starter

@@ -477,7 +477,7 @@ from mparlib.exercises import check, hint
 # Decide it from where the name lives, without calling `getattr(wrapper, name)`. The check asks about methods,
 # buffers, submodules, plain attributes and names that both have.
 # <!-- ja -->
-# ### 練習問題 02.1: 名前に答えるのはどちらか
+# ### 練習問題 02.1: 名前に答える側の判定
 #
 # `AttrDataParallel` のラッパーについて、`wrapper.name` にラッパー自身が答えるなら `"wrapper"`、探索がラップされたモデルまで進むなら `"model"`、どちらにもその名前がなければ `None` を返す `owner(wrapper, name)` を書いてください。`getattr(wrapper, name)` を呼ばずに、名前がどこにあるかから判断します。チェックはメソッド、バッファ、サブモジュール、ふつうの属性、両方にある名前について尋ねます。
 

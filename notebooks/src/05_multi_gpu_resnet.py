@@ -608,7 +608,7 @@ check("05.1", init_layer)
 # <!-- ja -->
 # ### 練習問題 05.2: 1エポックのステップ数
 #
-# この章の 2回目の実行のように、`k`台のデバイスがそれぞれ 1ステップで `batch_per_device` 枚の画像を受け取るとき、`n_images` 枚の画像の 1エポックで最適化のステップが何回あるかを返す `steps_per_epoch(n_images, batch_per_device, k, drop_last)` を書いてください。`drop_last` は、最後の小さなバッチを飛ばすかどうかです。
+# この章の 2回目の実行のように、`k` 台のデバイスがそれぞれ 1ステップで `batch_per_device` 枚の画像を受け取るとき、`n_images` 枚の画像の 1エポックで最適化のステップが何回あるかを返す `steps_per_epoch(n_images, batch_per_device, k, drop_last)` を書いてください。`drop_last` は、最後の小さなバッチを飛ばすかどうかです。
 
 # %%
 # Exercise 05.2: starter
