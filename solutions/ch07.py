@@ -1,7 +1,6 @@
 """Instructor solutions of chapter 07's exercises."""
 import math
 
-import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 

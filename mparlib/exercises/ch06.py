@@ -24,12 +24,14 @@ from .core import Stop, exercise, first_mismatch, importable, is_starter, mismat
 # ---- Helpers shared by the distributed checks of chapters 06-10 ------------------------------------------------
 @dataclass
 class CheckFault:
-    """What a child returns when the check's own code failed on a rank (never the learner's). Explained in 06_ddp."""
+    """What a child returns when the check's own code failed on a rank (never the learner's). For check authors: see the
+    package docstring."""
     trace: str
 
 
 def learner_function(module, name):
-    """Import the learner's function ``module.name`` in a child process. Explained in 06_ddp."""
+    """Import the learner's function ``module.name`` in a child process. For check authors: see the package
+    docstring."""
     fn = importlib.import_module(module)
     for part in name.split("."):
         fn = getattr(fn, part)
@@ -38,7 +40,8 @@ def learner_function(module, name):
 
 def run_child(answer, child, nproc, args=(), kwargs=None, timeout=20, limit=45):
     """Run ``child(module, name, *args, **kwargs)`` on ``nproc`` fresh processes, where ``module.name`` is the
-    learner's ``answer``; return each rank's value (raise if the check's own child failed). Explained in 06_ddp."""
+    learner's ``answer``; return each rank's value (raise if the check's own child failed). For check authors: see the
+    package docstring."""
     if is_starter(answer):
         raise Stop(not_attempted())
     module, name = importable(answer)
@@ -50,19 +53,21 @@ def run_child(answer, child, nproc, args=(), kwargs=None, timeout=20, limit=45):
 
 
 def fault():
-    """The :class:`CheckFault` of the exception being handled (call it in an ``except`` block). Explained in
-    06_ddp."""
+    """The :class:`CheckFault` of the exception being handled (call it in an ``except`` block). For check authors: see
+    the package docstring."""
     return CheckFault(traceback.format_exc())
 
 
 def close(got, expected, rtol=1e-5, atol=1e-6):
-    """True if ``got`` is a tensor equal to ``expected`` within the tolerances. Explained in 06_ddp."""
+    """True if ``got`` is a tensor equal to ``expected`` within the tolerances. For check authors: see the package
+    docstring."""
     return first_mismatch(got, expected, rtol, atol) is None
 
 
 # ---- 06.1: the gradient average by hand -------------------------------------------------------------------------
 def grad_model(seed):
-    """A small network with a frozen bias, the same on every rank for ``seed``. Explained in 06_ddp."""
+    """A small network with a frozen bias, the same on every rank for ``seed``. For check authors: see the package
+    docstring."""
     torch.manual_seed(seed)
     model = nn.Sequential(nn.Linear(6, 5), nn.Tanh(), nn.Linear(5, 3)).double()
     model[0].bias.requires_grad_(False)  # a frozen parameter: it has no gradient
@@ -70,12 +75,13 @@ def grad_model(seed):
 
 
 def grads_of(model):
-    """``{name: gradient or None}`` of ``model``'s parameters, copied. Explained in 06_ddp."""
+    """``{name: gradient or None}`` of ``model``'s parameters, copied. For check authors: see the package docstring."""
     return {k: None if p.grad is None else p.grad.detach().clone() for k, p in model.named_parameters()}
 
 
 def average_child(module, name, seed=0, per_rank=4):
-    """Rank r's share of a batch, backward, the learner's averaging; returns the gradients. Explained in 06_ddp."""
+    """Rank r's share of a batch, backward, the learner's averaging; returns the gradients. For check authors: see the
+    package docstring."""
     import torch.distributed as dist
 
     fn = learner_function(module, name)
@@ -151,7 +157,7 @@ def check_06_1(answer, nproc=3):
 
 # ---- 06.2: the sampler's epochs ---------------------------------------------------------------------------------
 def reference_shares(size, epochs, seed, rank, world, shuffle=True, set_epoch=True):
-    """What ``DistributedSampler`` gives rank ``rank`` in each epoch. Explained in 06_ddp."""
+    """What ``DistributedSampler`` gives rank ``rank`` in each epoch. For check authors: see the package docstring."""
     from torch.utils.data import DistributedSampler
 
     sampler = DistributedSampler(range(size), num_replicas=world, rank=rank, shuffle=shuffle, seed=seed)
@@ -164,7 +170,8 @@ def reference_shares(size, epochs, seed, rank, world, shuffle=True, set_epoch=Tr
 
 
 def sampler_child(module, name, size, epochs, seed):
-    """The learner's epochs of indices on this rank, with the references. Explained in 06_ddp."""
+    """The learner's epochs of indices on this rank, with the references. For check authors: see the package
+    docstring."""
     import torch.distributed as dist
 
     fn = learner_function(module, name)
@@ -185,7 +192,8 @@ def sampler_child(module, name, size, epochs, seed):
 
 
 def sampler_mistake(values, size):
-    """The likely mistake behind wrong shares (a hint key) and the rank to name. Explained in 06_ddp."""
+    """The likely mistake behind wrong shares (a hint key) and the rank to name. For check authors: see the package
+    docstring."""
     for rank, v in enumerate(values):
         if v["got"] != v["expected"]:
             break
@@ -255,7 +263,8 @@ def check_06_2(answer, nproc=3, size=10, epochs=3, seed=5):
 # ---- 06.3: rank 0's checkpoint -------------------------------------------------------------------------------------
 def save_child(module, name, folder, delay=4.0):
     """The learner saves a DDP model's checkpoint; torch.save is watched, and on rank 0 it waits until the other
-    ranks have returned (or ``delay`` seconds, when they wait for it as they should). Explained in 06_ddp."""
+    ranks have returned (or ``delay`` seconds, when they wait for it as they should). For check authors: see the package
+    docstring."""
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 

@@ -15,19 +15,19 @@ from .core import call, exercise, right, wrong
 
 
 def counted_flops(fn):
-    """FLOPs that ``FlopCounterMode`` counts while ``fn()`` runs. Explained in 07_performance."""
+    """FLOPs that ``FlopCounterMode`` counts while ``fn()`` runs. For check authors: see the package docstring."""
     with FlopCounterMode(display=False) as count:
         fn()
     return count.get_total_flops()
 
 
 def near(a, b, rel=1e-9):
-    """True if the numbers ``a`` and ``b`` agree to ``rel``. Explained in 07_performance."""
+    """True if the numbers ``a`` and ``b`` agree to ``rel``. For check authors: see the package docstring."""
     return isinstance(a, (int, float)) and not isinstance(a, bool) and math.isclose(a, b, rel_tol=rel, abs_tol=1e-12)
 
 
 def pair(got):
-    """``got`` as two numbers ``(flops, bytes)``, or ``None``. Explained in 07_performance."""
+    """``got`` as two numbers ``(flops, bytes)``, or ``None``. For check authors: see the package docstring."""
     try:
         flops, moved = got
         return float(flops), float(moved)
@@ -36,8 +36,8 @@ def pair(got):
 
 
 def linear_cases(seed=0, n=8):
-    """Random linear layers and input shapes (1 to 3 leading dimensions, with and without bias). Explained in
-    07_performance."""
+    """Random linear layers and input shapes (1 to 3 leading dimensions, with and without bias). For check authors: see
+    the package docstring."""
     rng = random.Random(seed)
     cases = []
     for i in range(n):
@@ -103,7 +103,8 @@ def check_07_1(answer):
 
 # ---- 07.2: the roofline ----------------------------------------------------------------------------------------
 def roofline(peak_tflops, bandwidth_gbs, intensity):
-    """The attainable TFLOP/s under the roofline (the check's reference). Explained in 07_performance."""
+    """The attainable TFLOP/s under the roofline (the check's reference). For check authors: see the package
+    docstring."""
     return min(peak_tflops, bandwidth_gbs * intensity / 1e3)
 
 
@@ -154,7 +155,8 @@ def check_07_2(answer, points=40, seed=0):
 
 # ---- 07.3: FLOPs of a training step per image ------------------------------------------------------------------
 def small_cnn(seed):
-    """A small convolutional network for 1x12x12 images (the check's model). Explained in 07_performance."""
+    """A small convolutional network for 1x12x12 images (the check's model). For check authors: see the package
+    docstring."""
     torch.manual_seed(seed)
     return nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.ReLU(), nn.Conv2d(4, 6, 3, stride=2), nn.ReLU(),
                          nn.Flatten(), nn.Linear(6 * 5 * 5, 10))

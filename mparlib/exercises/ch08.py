@@ -26,7 +26,7 @@ P2P_HINT = ("Use only dist.send/recv, dist.isend/irecv or dist.batch_isend_irecv
 
 def watched_call(fn, *args):
     """Call ``fn`` while the collectives of torch.distributed are counted; return (result, names used).
-    Explained in 08_collectives."""
+    For check authors: see the package docstring."""
     import torch.distributed as dist
 
     used, real = [], {name: getattr(dist, name) for name in COLLECTIVES if hasattr(dist, name)}
@@ -47,15 +47,15 @@ def watched_call(fn, *args):
 
 
 def rank_input(rank, n):
-    """Rank ``rank``'s input of ``n`` elements: different on every rank, exact in float32. Explained in
-    08_collectives."""
+    """Rank ``rank``'s input of ``n`` elements: different on every rank, exact in float32. For check authors: see the
+    package docstring."""
     return torch.arange(n, dtype=torch.float32) * (rank + 1) + 100 * rank
 
 
 # ---- 08.1: all-gather from sends and receives --------------------------------------------------------------------
 def gather_child(module, name, sizes):
-    """The learner's all-gather of uneven tensors on this rank, with the collectives it used. Explained in
-    08_collectives."""
+    """The learner's all-gather of uneven tensors on this rank, with the collectives it used. For check authors: see the
+    package docstring."""
     import torch.distributed as dist
 
     fn = learner_function(module, name)
@@ -135,8 +135,8 @@ def check_08_1(answer, sizes=(2, 5, 3)):
 
 # ---- 08.2: the ring's reduce-scatter -------------------------------------------------------------------------------
 def scatter_child(module, name, sizes):
-    """The learner's ring reduce-scatter of each size in ``sizes``, called on every rank. Explained in
-    08_collectives."""
+    """The learner's ring reduce-scatter of each size in ``sizes``, called on every rank. For check authors: see the
+    package docstring."""
     import torch.distributed as dist
 
     fn = learner_function(module, name)
@@ -148,7 +148,8 @@ def scatter_child(module, name, sizes):
 
 
 def scatter_key(got, n, rank, k):
-    """The likely mistake behind a wrong reduce-scatter chunk (a hint key or None). Explained in 08_collectives."""
+    """The likely mistake behind a wrong reduce-scatter chunk (a hint key or None). For check authors: see the package
+    docstring."""
     whole = sum(rank_input(r, n) for r in range(k))
     bounds = chunk_bounds(n, k)
 
@@ -222,7 +223,7 @@ def check_08_2(answer, nproc=3, sizes=(10, 2)):
 
 # ---- 08.3: the ring's alpha-beta time ----------------------------------------------------------------------------
 def ring_seconds(nbytes, k, alpha, beta):
-    """The check's reference: the alpha-beta time of a ring all-reduce. Explained in 08_collectives."""
+    """The check's reference: the alpha-beta time of a ring all-reduce. For check authors: see the package docstring."""
     return 2 * (k - 1) * alpha + 2 * (k - 1) / k * nbytes * beta
 
 
@@ -273,8 +274,8 @@ def check_08_3(answer, points=30, seed=0):
 
 # ---- 08.4: DDP's gradient buckets -------------------------------------------------------------------------------
 def ddp_buckets(grad_bytes, cap_bytes, first_cap_bytes=None):
-    """DDP's own bucket assignment for float32 gradients of these sizes, in ready order. Explained in
-    08_collectives."""
+    """DDP's own bucket assignment for float32 gradients of these sizes, in ready order. For check authors: see the
+    package docstring."""
     import torch.distributed as dist
 
     tensors = [torch.empty(n // 4) for n in grad_bytes]
@@ -285,7 +286,7 @@ def ddp_buckets(grad_bytes, cap_bytes, first_cap_bytes=None):
 
 def buckets_below_cap(grad_bytes, cap_bytes, first_cap_bytes=None):
     """The buckets of the likely mistake: a bucket is closed before a gradient would take it above its cap.
-    Explained in 08_collectives."""
+    For check authors: see the package docstring."""
     buckets, current, size = [], [], 0
     for i, n in enumerate(grad_bytes):
         cap = first_cap_bytes if first_cap_bytes is not None and not buckets else cap_bytes

@@ -21,7 +21,7 @@ from .core import call, exercise, first_mismatch, mismatch_text, right, wrong
 # ---- 09.1: bytes per rank under ZeRO ---------------------------------------------------------------------------
 def zero_total(n_params, world, stage, per_parameter, shift=0, everything=None):
     """Total bytes per rank, or those of a likely mistake (stage shifted, everything or nothing sharded).
-    Explained in 09_sharding."""
+    For check authors: see the package docstring."""
     order = ("optimizer", "grads", "params")  # stage s shards the first s of these
     total = 0
     for i, part in enumerate(order):
@@ -87,7 +87,8 @@ def check_09_1(answer, points=40, seed=0):
 
 # ---- 09.2 and 09.3: a flat parameter's shards ----------------------------------------------------------------------
 def flat_cases(seed=0):
-    """Lists of tensors of uneven total sizes, with the world sizes to shard them over. Explained in 09_sharding."""
+    """Lists of tensors of uneven total sizes, with the world sizes to shard them over. For check authors: see the
+    package docstring."""
     rng = random.Random(seed)
     cases = []
     for world in (2, 3, 4, 5):
@@ -100,7 +101,7 @@ def flat_cases(seed=0):
 
 
 def reference_shards(tensors, world):
-    """Each rank's shard of the flattened, zero-padded tensors. Explained in 09_sharding."""
+    """Each rank's shard of the flattened, zero-padded tensors. For check authors: see the package docstring."""
     flat = torch.cat([t.reshape(-1) for t in tensors])
     size = math.ceil(flat.numel() / world)
     padded = torch.cat([flat, flat.new_zeros(size * world - flat.numel())])
@@ -188,15 +189,15 @@ def check_09_3(answer):
 
 # ---- 09.4: a ZeRO step -------------------------------------------------------------------------------------------
 def zero_model(seed):
-    """A model of 5 x 4 + 4 + 4 x 4 = 40 parameters: on 3 ranks the flat buffer needs padding. Explained in
-    09_sharding."""
+    """A model of 5 x 4 + 4 + 4 x 4 = 40 parameters: on 3 ranks the flat buffer needs padding. For check authors: see
+    the package docstring."""
     torch.manual_seed(seed)
     return nn.Sequential(nn.Linear(5, 4), nn.Tanh(), nn.Linear(4, 4, bias=False)).double()
 
 
 def zero_child(module, name, lr=0.3, steps=2, per_rank=3, seed=0):
     """Steps of the learner's ZeRO update on this rank's share, beside one process's SGD on the whole batch.
-    Explained in 09_sharding."""
+    For check authors: see the package docstring."""
     import torch.distributed as dist
 
     fn = learner_function(module, name)
@@ -228,7 +229,8 @@ def zero_child(module, name, lr=0.3, steps=2, per_rank=3, seed=0):
 
 
 def zero_key(values, step, index):
-    """The likely mistake behind a wrong parameter after a ZeRO step (first step only). Explained in 09_sharding."""
+    """The likely mistake behind a wrong parameter after a ZeRO step (first step only). For check authors: see the
+    package docstring."""
     if step != 0:
         return None
     v = values[0]

@@ -19,8 +19,8 @@ from .core import call, exercise, first_mismatch, mismatch_text, right, wrong
 
 # ---- 10.1: a row-parallel linear layer ---------------------------------------------------------------------------
 def row_child(module, name, seed=0):
-    """The learner's row-parallel layer on a 2-D and a 3-D input, beside nn.Linear. Explained in
-    10_model_parallel."""
+    """The learner's row-parallel layer on a 2-D and a 3-D input, beside nn.Linear. For check authors: see the package
+    docstring."""
     import torch.distributed as dist
 
     fn = learner_function(module, name)
@@ -46,7 +46,7 @@ def row_child(module, name, seed=0):
 
 
 def row_key(case, world):
-    """The likely mistake behind a wrong row-parallel output. Explained in 10_model_parallel."""
+    """The likely mistake behind a wrong row-parallel output. For check authors: see the package docstring."""
     got, expected, bias = case["got"], case["expected"], case["bias"]
     if close(got, expected + (world - 1) * bias):
         return "bias_every_rank"
@@ -100,7 +100,7 @@ def check_10_1(answer, nproc=2):
 
 # ---- 10.2: the 1F1B order of a stage -------------------------------------------------------------------------------
 def order_1f1b(stage, num_stages, micro_batches):
-    """The reference order of ``Schedule1F1B`` on one stage. Explained in 10_model_parallel."""
+    """The reference order of ``Schedule1F1B`` on one stage. For check authors: see the package docstring."""
     warmup = min(micro_batches, num_stages - stage)
     order, forward = [("F", i) for i in range(warmup)], warmup
     for backward in range(micro_batches):
@@ -112,7 +112,7 @@ def order_1f1b(stage, num_stages, micro_batches):
 
 
 def order_key(got, stage, p, m):
-    """The likely mistake behind a wrong 1F1B order. Explained in 10_model_parallel."""
+    """The likely mistake behind a wrong 1F1B order. For check authors: see the package docstring."""
     if got == [("F", i) for i in range(m)] + [("B", i) for i in range(m)]:
         return "gpipe"
     warmup = next((i for i, (kind, _) in enumerate(got) if kind == "B"), len(got))
