@@ -612,19 +612,6 @@ workdir.cleanup()  # the checkpoint and plot of this chapter's runs lived in a t
 #   notebook, `mparlib.launch.launch` does it, with a worker from an importable module: a `%%worker` cell.
 # - Rank 0 alone prints, plots and writes checkpoints, atomically; `--resume` continues where a run stopped.
 # - The same program runs on several machines: `torchrun --nnodes=2 --rdzv-backend=c10d --rdzv-endpoint=...`.
-#
-# ## Exercises
-#
-# 1. In the sampler cell, remove the line `s.set_epoch(epoch)`. What do the two epochs print now?
-# 2. Run the correctness check with 4 processes: `launch(one_step, 4, args=(X, y, 0.5))`.
-#    Is the difference to `one_process` still below `1e-6`? Then try 3 processes: what does the message say,
-#    and why?
-# 3. In a terminal, run `python -m mparlib.ddp --nproc 2 --model mlp --epochs 3 --subset 2048 --batch-size 64
-#    --momentum 0.9 --out runs/a`. Run the same command with `--crash-at 3:5 --out runs/b`, and once more with
-#    `--resume --out runs/b` (without `--crash-at`). Load both `checkpoint.pt` files with `torch.load` and
-#    compare their `"model"` entries.
-# 4. Rehearse the two-node run on `127.0.0.1` in two terminals, as shown above. What happens if you start only
-#    one of them?
 # <!-- ja -->
 # ## まとめ
 #
@@ -633,10 +620,128 @@ workdir.cleanup()  # the checkpoint and plot of this chapter's runs lived in a t
 # - `torchrun` はプロセスを起動し、`RANK`、`WORLD_SIZE`、`MASTER_ADDR`、`MASTER_PORT` を設定します。ノートブックからは `mparlib.launch.launch` が同じことを行います。ワーカー関数はインポートできるモジュール（`%%worker` のセル）に置きます。
 # - 表示、グラフ、チェックポイントの書き込みはランク 0 だけが行い、チェックポイントはアトミックに書き込みます。`--resume` を指定すると、止まったところから訓練を続けます。
 # - 同じプログラムが複数台のマシンで動きます: `torchrun --nnodes=2 --rdzv-backend=c10d --rdzv-endpoint=...`
+
+# %% [markdown]
+# <!-- en -->
+# ## Exercises
 #
+# Each exercise has a **starter** cell whose function body is `raise NotImplementedError`: replace that line with
+# your code, run the cell, then run the check cell below it. The starters of this chapter are `%%worker` cells,
+# because the check starts fresh processes that import your function. The check says *not attempted*, *wrong*
+# (the first difference it found and a hint for the likely mistake), *error* (your exception), or *right*; it
+# never prints the answer. `hint("06.1")` prints the next hint each time you call it, `hint("06.1", 2)` a given
+# level.
+# <!-- ja -->
 # ## 練習問題
 #
-# 1. サンプラーのセルから `s.set_epoch(epoch)` の行を消してください。2つのエポックの表示はどう変わるでしょうか。
-# 2. 正しさの確認を 4個のプロセスで実行してください: `launch(one_step, 4, args=(X, y, 0.5))`。`one_process` との差は `1e-6` 未満のままでしょうか。次に 3個のプロセスで試してください。どんなメッセージが表示され、それはなぜでしょうか。
-# 3. ターミナルで `python -m mparlib.ddp --nproc 2 --model mlp --epochs 3 --subset 2048 --batch-size 64 --momentum 0.9 --out runs/a` を実行してください。次に同じコマンドを `--crash-at 3:5 --out runs/b` を付けて実行し、さらに `--crash-at` を外して `--resume --out runs/b` を付けて実行してください。2つの `checkpoint.pt` を `torch.load` で読み込み、`"model"` の中身を比べてください。
-# 4. 上で示した 2ノードの予行演習を、2つのターミナルを使って `127.0.0.1` 上で行ってください。一方だけを起動するとどうなるでしょうか。
+# 各練習問題には、本体が `raise NotImplementedError` だけの関数を含む**スターター**のセルがあります。その行を自分のコードに置き換えてセルを実行し、すぐ下のチェックのセルを実行してください。チェックは新しいプロセスを起動してそこで関数をインポートするので、この章のスターターは `%%worker` のセルです。チェックの結果は「未着手」、「不正解」（見つかった最初の違いと、ありがちな間違いに合わせたヒント）、「エラー」（発生した例外）、「正解」のどれかで、答えそのものは表示しません。`hint("06.1")` は呼ぶたびに次の段階のヒントを、`hint("06.1", 2)` は指定した段階のヒントを表示します。
+
+# %%
+from mparlib.exercises import check, hint
+
+# %% [markdown]
+# <!-- en -->
+# ### Exercise 06.1: The gradient average by hand
+#
+# Write `average_gradients(model)`, called in every process right after `loss.backward()` on that process's share
+# of a batch: afterwards every parameter's `.grad` must hold what DDP would have put there. The check runs 3
+# processes, each with the same small network (one of whose parameters is frozen) and its own
+# third of a batch, and compares every gradient with that of one process on the whole batch.
+# <!-- ja -->
+# ### 練習問題 06.1: 手で求める勾配の平均
+#
+# 各プロセスが自分の担当分で `loss.backward()` を実行した直後に呼ぶ `average_gradients(model)` を書いてください。呼んだあと、各パラメータの `.grad` には DDP が入れるのと同じものが入っていなければなりません。チェックは 3個のプロセスを動かし、それぞれが同じ小さなネットワーク（パラメータの 1つは凍結してあります）とミニバッチの 3分の 1 を使って、すべての勾配を 1個のプロセスがミニバッチ全体で計算した勾配と比べます。
+
+# %%
+# %%worker ex06_average
+# Exercise 06.1: starter
+import torch.distributed as dist
+
+
+def average_gradients(model):
+    """Make every gradient of `model` the average over all processes, in place."""
+    raise NotImplementedError("06.1")
+
+# %%
+from ex06_average import average_gradients
+
+check("06.1", average_gradients)
+
+# %% [markdown]
+# <!-- en -->
+# ### Exercise 06.2: A new order every epoch
+#
+# Write `epoch_shares(dataset, num_epochs, seed=0)`: the indices that this process trains on in each of
+# `num_epochs` epochs, as a list of lists, shuffled from `seed` with a new order every epoch, as the training
+# script of this chapter draws them. The check runs it on 3 processes with 10 examples (so the sampler pads) and
+# 3 epochs.
+# <!-- ja -->
+# ### 練習問題 06.2: エポックごとに新しい順序
+#
+# このプロセスが `num_epochs` 個の各エポックで訓練に使うインデックスを、リストのリストとして返す `epoch_shares(dataset, num_epochs, seed=0)` を書いてください。この章の訓練スクリプトと同じく、`seed` からシャッフルし、エポックごとに新しい順序にします。チェックは 3個のプロセスで、10個のデータ（サンプラーが数を補います）と 3エポックで実行します。
+
+# %%
+# %%worker ex06_sampler
+# Exercise 06.2: starter
+import torch.distributed as dist
+from torch.utils.data import DistributedSampler
+
+
+def epoch_shares(dataset, num_epochs, seed=0):
+    """This process's indices for each epoch: a list of `num_epochs` lists."""
+    raise NotImplementedError("06.2")
+
+# %%
+from ex06_sampler import epoch_shares
+
+check("06.2", epoch_shares)
+
+# %% [markdown]
+# <!-- en -->
+# ### Exercise 06.3: Rank 0's checkpoint
+#
+# Write `save_checkpoint(model, path)`, called by every process with its DDP-wrapped `model`: afterwards `path`
+# holds the parameters in the format a plain model loads (chapter 2's), written the way this chapter's
+# checkpoints are, and no process returns before the file is there. The check runs 2 processes and makes rank 0's
+# disk slow.
+# <!-- ja -->
+# ### 練習問題 06.3: ランク 0 のチェックポイント
+#
+# すべてのプロセスが DDP でラップした `model` を渡して呼ぶ `save_checkpoint(model, path)` を書いてください。呼んだあと、`path` にはふつうのモデルが読み込める形式（2章の形式）のパラメータが、この章のチェックポイントと同じ書き方で書かれていて、しかもファイルができる前に戻るプロセスがあってはいけません。チェックは 2個のプロセスを動かし、ランク 0 のディスクを遅くします。
+
+# %%
+# %%worker ex06_checkpoint
+# Exercise 06.3: starter
+import os
+
+import torch
+import torch.distributed as dist
+
+
+def save_checkpoint(model, path):
+    """Write `model`'s parameters to `path` from one process; return in every process once the file exists."""
+    raise NotImplementedError("06.3")
+
+# %%
+from ex06_checkpoint import save_checkpoint
+
+check("06.3", save_checkpoint)
+
+# %% [markdown]
+# <!-- en -->
+# ### More questions
+#
+# - Run the correctness check with 4 processes: `launch(one_step, 4, args=(X, y, 0.5))`. Is the difference to
+#   `one_process` still below `1e-6`? Then try 3 processes: what does the message say, and why?
+# - In a terminal, run `python -m mparlib.ddp --nproc 2 --model mlp --epochs 3 --subset 2048 --batch-size 64
+#   --momentum 0.9 --out runs/a`. Run the same command with `--crash-at 3:5 --out runs/b`, and once more with
+#   `--resume --out runs/b` (without `--crash-at`). Load both `checkpoint.pt` files with `torch.load` and compare
+#   their `"model"` entries.
+# - Rehearse the two-node run on `127.0.0.1` in two terminals, as shown above. What happens if you start only one
+#   of them?
+# <!-- ja -->
+# ### その他の問い
+#
+# - 正しさの確認を 4個のプロセスで実行してください: `launch(one_step, 4, args=(X, y, 0.5))`。`one_process` との差は `1e-6` 未満のままでしょうか。次に 3個のプロセスで試してください。どんなメッセージが表示され、それはなぜでしょうか。
+# - ターミナルで `python -m mparlib.ddp --nproc 2 --model mlp --epochs 3 --subset 2048 --batch-size 64 --momentum 0.9 --out runs/a` を実行してください。次に同じコマンドを `--crash-at 3:5 --out runs/b` を付けて実行し、さらに `--crash-at` を外して `--resume --out runs/b` を付けて実行してください。2つの `checkpoint.pt` を `torch.load` で読み込み、`"model"` の中身を比べてください。
+# - 上で示した 2ノードの予行演習を、2つのターミナルを使って `127.0.0.1` 上で行ってください。一方だけを起動するとどうなるでしょうか。

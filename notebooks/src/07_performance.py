@@ -612,17 +612,6 @@ if mparlib.profile() == "full":
 # - Each option of `FastPath` removes one cost: resident data, `channels_last`, bf16 where native, fused SGD, larger
 #   batches with a schedule that keeps accuracy, `torch.compile` and CUDA graphs. Measure each on your own device.
 # - The roofline tells how far a kernel can go: compare the measured points with the measured peak and bandwidth.
-#
-# ## Exercises
-#
-# 1. Switch off one option of the full fast path, e.g. `measure(fastpath.FastPath(**{**step4, "channels_last": False}),
-#    BIG, N, 1)`. Which option matters most on your device?
-# 2. Compute the arithmetic intensity of every convolution at batch 16 and at batch 1024 with `distinct_convs` and
-#    `conv_cost`. Which layers cross the ridge point of your device, and at which batch size?
-# 3. Profile one step of the fast path as the baseline was profiled above (use `resident_loaders` and
-#    `fastpath.move_batch_fast`). How many operators and, on a GPU, kernel launches remain per step?
-# 4. Train with `fast=fastpath.FastPath(label_smoothing=0.0, warmup=None)` for the same epochs as the full run. How
-#    does the test accuracy change?
 # <!-- ja -->
 # 精度を比べて意味があるのは、どちらの実行も学習できている場合だけです。ベースラインが偶然の水準にとどまっていれば、どんな高速パスでも精度を保っているように見えてしまいます。ここでは、精度を比べる前に、どちらも最後のセルで確かめる基準を超えている必要があります。
 #
@@ -634,10 +623,108 @@ if mparlib.profile() == "full":
 # - 最適化の前にプロファイリングします。CPU では演算が支配的で、GPU ではデータパイプライン、ホストからデバイスへの転送、カーネル起動が支配的です。
 # - `FastPath` の各オプションは、コストを 1つずつ取り除きます。データの常駐、`channels_last`、ネイティブな場合の bf16、融合 SGD、精度を保つスケジュール付きの大きなバッチ、`torch.compile`、CUDA グラフです。自分のデバイスでそれぞれを計測してください。
 # - ルーフラインは、カーネルがどこまで速くなれるかを示します。計測した点を、計測したピークと帯域幅と比べます。
+
+# %% [markdown]
+# <!-- en -->
+# ## Exercises
 #
+# Each exercise has a **starter** cell whose function body is `raise NotImplementedError`: replace that line with
+# your code, run the cell, then run the check cell below it. The check runs your function on cases of its own and
+# says *not attempted*, *wrong* (the first case that went wrong and a hint for the likely mistake), *error* (your
+# exception), or *right*; it never prints the answer. `hint("07.1")` prints the next hint each time you call it,
+# `hint("07.1", 2)` a given level.
+# <!-- ja -->
 # ## 練習問題
 #
-# 1. 高速パスのオプションを 1つだけ無効にしてみましょう。たとえば `measure(fastpath.FastPath(**{**step4, "channels_last": False}), BIG, N, 1)` です。自分のデバイスでは、どのオプションが最も効きますか。
-# 2. `distinct_convs` と `conv_cost` を使って、バッチ 16 とバッチ 1024 での各畳み込みの演算強度を計算しましょう。自分のデバイスの屈曲点を越えるのはどの層で、どのバッチサイズからですか。
-# 3. 上でベースラインをプロファイリングしたのと同じ方法で、高速パスの 1ステップをプロファイリングしましょう（`resident_loaders` と `fastpath.move_batch_fast` を使います）。1ステップに残る演算子の数と、GPU ではカーネル起動の回数はいくつですか。
-# 4. `fast=fastpath.FastPath(label_smoothing=0.0, warmup=None)` で、`full` プロファイルの実行と同じエポック数だけ訓練しましょう。テスト精度はどう変わりますか。
+# 各練習問題には、本体が `raise NotImplementedError` だけの関数を含む**スターター**のセルがあります。その行を自分のコードに置き換えてセルを実行し、すぐ下のチェックのセルを実行してください。チェックは独自の場合で関数を実行し、結果を「未着手」、「不正解」（最初に食い違った場合と、ありがちな間違いに合わせたヒント）、「エラー」（発生した例外）、「正解」のどれかで伝えます。答えそのものは表示しません。`hint("07.1")` は呼ぶたびに次の段階のヒントを、`hint("07.1", 2)` は指定した段階のヒントを表示します。
+
+# %%
+from mparlib.exercises import check, hint
+
+# %% [markdown]
+# <!-- en -->
+# ### Exercise 07.1: The cost of a linear layer
+#
+# Write `linear_cost(linear, in_shape, bytes_per_value)`, the counterpart of `conv_cost` for an `nn.Linear`: the
+# FLOPs of its forward pass on an input of shape `in_shape` (any number of leading dimensions), and the minimum
+# bytes it moves when each value is `bytes_per_value` bytes, as a pair `(flops, bytes)`. The check compares the
+# FLOPs with `FlopCounterMode`'s count and the bytes with the traffic of reading and writing each tensor once, on
+# layers and shapes it draws at random.
+# <!-- ja -->
+# ### 練習問題 07.1: 線形層のコスト
+#
+# `conv_cost` の `nn.Linear` 版として `linear_cost(linear, in_shape, bytes_per_value)` を書いてください。形状 `in_shape`（先頭の次元はいくつでもかまいません）の入力に対する順伝播の FLOP と、値 1つが `bytes_per_value` バイトのときに動かす最小のバイト数を、組 `(flops, bytes)` で返します。チェックはランダムに選んだ層と形状で、FLOP を `FlopCounterMode` の数え方と、バイト数を各テンソルを 1回ずつ読み書きする転送量と比べます。
+
+# %%
+# Exercise 07.1: starter
+def linear_cost(linear, in_shape, bytes_per_value):
+    """FLOPs and minimum bytes moved of `linear`'s forward pass on an input of shape `in_shape`."""
+    raise NotImplementedError("07.1")
+
+
+# %%
+check("07.1", linear_cost)
+
+# %% [markdown]
+# <!-- en -->
+# ### Exercise 07.2: The roofline
+#
+# Write `attainable_tflops(peak_tflops, bandwidth_gbs, intensity)`: the TFLOP/s that the roofline allows a kernel
+# of arithmetic intensity `intensity` (FLOP/byte) on a device with a peak of `peak_tflops` TFLOP/s and a memory
+# bandwidth of `bandwidth_gbs` GB/s. The check tries points on both sides of the ridge.
+# <!-- ja -->
+# ### 練習問題 07.2: ルーフライン
+#
+# ピーク `peak_tflops` TFLOP/s、メモリ帯域幅 `bandwidth_gbs` GB/s のデバイスで、演算強度 `intensity`（FLOP/バイト）のカーネルにルーフラインが許す TFLOP/s を返す `attainable_tflops(peak_tflops, bandwidth_gbs, intensity)` を書いてください。チェックは屈曲点の両側の点を試します。
+
+# %%
+# Exercise 07.2: starter
+def attainable_tflops(peak_tflops, bandwidth_gbs, intensity):
+    """The roofline's bound in TFLOP/s for a kernel of `intensity` FLOP/byte."""
+    raise NotImplementedError("07.2")
+
+
+# %%
+check("07.2", attainable_tflops)
+
+# %% [markdown]
+# <!-- en -->
+# ### Exercise 07.3: FLOPs of a training step per image
+#
+# Write `step_flops_per_image(model, images, labels)`: the floating-point operations of one training step of
+# `model` (forward pass, cross-entropy loss, backward pass) per image of the batch, counted by PyTorch as in the
+# first section. The check gives you a small convolutional network it made and compares with its own count.
+# <!-- ja -->
+# ### 練習問題 07.3: 画像 1枚あたりの訓練ステップの FLOP
+#
+# `model` の訓練ステップ 1回（順伝播、交差エントロピー損失、逆伝播）の浮動小数点演算の数を、ミニバッチの画像 1枚あたりで返す `step_flops_per_image(model, images, labels)` を書いてください。最初の節と同じく PyTorch に数えさせます。チェックは自分で作った小さな畳み込みネットワークを渡し、自分で数えた値と比べます。
+
+# %%
+# Exercise 07.3: starter
+def step_flops_per_image(model, images, labels):
+    """FLOPs of one training step of `model` on `(images, labels)`, per image."""
+    raise NotImplementedError("07.3")
+
+
+# %%
+check("07.3", step_flops_per_image)
+
+# %% [markdown]
+# <!-- en -->
+# ### More questions
+#
+# - Switch off one option of the full fast path, e.g. `measure(fastpath.FastPath(**{**step4, "channels_last":
+#   False}), BIG, N, 1)`. Which option matters most on your device?
+# - Compute the arithmetic intensity of every convolution at batch 16 and at batch 1024 with `distinct_convs` and
+#   `conv_cost`. Which layers cross the ridge point of your device, and at which batch size?
+# - Profile one step of the fast path as the baseline was profiled above (use `resident_loaders` and
+#   `fastpath.move_batch_fast`). How many operators and, on a GPU, kernel launches remain per step?
+# - Train with `fast=fastpath.FastPath(label_smoothing=0.0, warmup=None)` for the same epochs as the full run. How
+#   does the test accuracy change?
+# <!-- ja -->
+# ### その他の問い
+#
+# - 高速パスのオプションを 1つだけ無効にしてみましょう。たとえば `measure(fastpath.FastPath(**{**step4, "channels_last": False}), BIG, N, 1)` です。自分のデバイスでは、どのオプションが最も効きますか。
+# - `distinct_convs` と `conv_cost` を使って、バッチ 16 とバッチ 1024 での各畳み込みの演算強度を計算しましょう。自分のデバイスの屈曲点を越えるのはどの層で、どのバッチサイズからですか。
+# - 上でベースラインをプロファイリングしたのと同じ方法で、高速パスの 1ステップをプロファイリングしましょう（`resident_loaders` と `fastpath.move_batch_fast` を使います）。1ステップに残る演算子の数と、GPU ではカーネル起動の回数はいくつですか。
+# - `fast=fastpath.FastPath(label_smoothing=0.0, warmup=None)` で、`full` プロファイルの実行と同じエポック数だけ訓練しましょう。テスト精度はどう変わりますか。

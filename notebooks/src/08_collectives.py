@@ -783,7 +783,7 @@ assert default["buckets"][0][2] >= max(t for _, t in default["grads"])  # one bu
 # overlaps. DDP's real default behaves otherwise. Without the argument, the first bucket is capped at 1 MiB
 # (`dist._DEFAULT_FIRST_BUCKET_BYTES`) and only the others at 25 MB, so the last layers' gradients leave early in a
 # small bucket of their own and their all-reduce overlaps the rest of the backward pass; for this stack that makes
-# 2 buckets (exercise 5). Passing `bucket_cap_mb`, even the value 25, turns the small first bucket off. Smaller
+# 2 buckets (question 5 of *More questions*). Passing `bucket_cap_mb`, even the value 25, turns the small first bucket off. Smaller
 # buckets are not always better, since each pays the latency `α`; for a large model on fast links, the default is a
 # good compromise, and `bucket_cap_mb` is the knob to try when a profile shows communication waiting at the end of
 # backward.
@@ -795,7 +795,7 @@ assert default["buckets"][0][2] >= max(t for _, t in default["grads"])  # one bu
 # `default_hooks.bf16_compress_hook` written out (its documentation asks for a recent nccl, but it runs with gloo
 # too), and the gradients of the two agree bit for bit:
 # <!-- ja -->
-# 1 MB のバケットでは、逆伝播の大部分がまだ残っているうちに最初のオールリデュースが始まり、層の計算が終わるのに合わせてバケットが次々に続きます。ワーカーのように `bucket_cap_mb=25` を明示的に渡すと、このモデル全体が 1つのバケットに収まります。このバケットは最後の勾配（最初の層の勾配）が完成するまで始められないので、何も重なりません。DDP の本当の既定の動作はこれとは違います。引数を渡さなければ、最初のバケットは 1 MiB（`dist._DEFAULT_FIRST_BUCKET_BYTES`）まで、残りのバケットだけが 25 MB までになります。そのため最後のほうの層の勾配は小さな専用のバケットで先に送られ、そのオールリデュースは逆伝播の残りと重なります。このネットワークでは、バケットは 2つになります（練習問題 5）。`bucket_cap_mb` を渡すと、値が 25 でも、この小さな最初のバケットはなくなります。バケットは小さければよいわけではありません。バケットごとにレイテンシ `α` を払うからです。大きなモデルを速いリンクで訓練するなら既定値はよい妥協点です。プロファイルを見て、逆伝播の終わりに通信を待っている時間が目立つときに試すのが `bucket_cap_mb` です。
+# 1 MB のバケットでは、逆伝播の大部分がまだ残っているうちに最初のオールリデュースが始まり、層の計算が終わるのに合わせてバケットが次々に続きます。ワーカーのように `bucket_cap_mb=25` を明示的に渡すと、このモデル全体が 1つのバケットに収まります。このバケットは最後の勾配（最初の層の勾配）が完成するまで始められないので、何も重なりません。DDP の本当の既定の動作はこれとは違います。引数を渡さなければ、最初のバケットは 1 MiB（`dist._DEFAULT_FIRST_BUCKET_BYTES`）まで、残りのバケットだけが 25 MB までになります。そのため最後のほうの層の勾配は小さな専用のバケットで先に送られ、そのオールリデュースは逆伝播の残りと重なります。このネットワークでは、バケットは 2つになります（「その他の問い」の 5）。`bucket_cap_mb` を渡すと、値が 25 でも、この小さな最初のバケットはなくなります。バケットは小さければよいわけではありません。バケットごとにレイテンシ `α` を払うからです。大きなモデルを速いリンクで訓練するなら既定値はよい妥協点です。プロファイルを見て、逆伝播の終わりに通信を待っている時間が目立つときに試すのが `bucket_cap_mb` です。
 #
 # ### 通信フック: 送るバイト数を半分に
 #
@@ -822,7 +822,7 @@ assert 0 < c["median_relative_error"] < 2 ** -7 and 0 < c["max_error"] < 2 ** -6
 # %% [markdown]
 # <!-- en -->
 # Half the bytes, and gradients that differ from the exact average by a fraction of a percent, the rounding of
-# bfloat16's 8 significant bits. Whether that matters for training is a question for the training curve (exercise 3);
+# bfloat16's 8 significant bits. Whether that matters for training is a question for the training curve (question 3 of *More questions*);
 # where the links are slow and the gradients large, it often does not, and the step gets faster. Other hooks in
 # `torch.distributed.algorithms.ddp_comm_hooks` go further (PowerSGD sends low-rank approximations).
 #
@@ -836,7 +836,7 @@ assert 0 < c["median_relative_error"] < 2 ** -7 and 0 < c["max_error"] < 2 ** -6
 # data: one large batch per rank, 4 micro-batches with `no_sync()` for the first 3, and 4 micro-batches that each
 # all-reduce.
 # <!-- ja -->
-# 送るバイト数は半分になり、勾配と正確な平均との差は 1% に満たない程度、つまり有効数字 8ビットの bfloat16 の丸め誤差です。これが訓練に影響するかどうかは訓練曲線で確かめるべきことです（練習問題 3）。リンクが遅く勾配が大きい場合には影響しないことが多く、ステップは速くなります。`torch.distributed.algorithms.ddp_comm_hooks` には、さらに踏み込んだフックもあります（PowerSGD は低ランク近似を送ります）。
+# 送るバイト数は半分になり、勾配と正確な平均との差は 1% に満たない程度、つまり有効数字 8ビットの bfloat16 の丸め誤差です。これが訓練に影響するかどうかは訓練曲線で確かめるべきことです（「その他の問い」の 3）。リンクが遅く勾配が大きい場合には影響しないことが多く、ステップは速くなります。`torch.distributed.algorithms.ddp_comm_hooks` には、さらに踏み込んだフックもあります（PowerSGD は低ランク近似を送ります）。
 #
 # ### 勾配累積と `no_sync()`
 #
@@ -1019,7 +1019,7 @@ assert all(v > 0 and math.isfinite(v) for v in (run["alone"], run["alone_share"]
 # when `comm > p B / 2`: below the global batch `B = 2 comm / p`. A batch is split in two, so the cell also gives
 # the even batch at or above it (`break_even`); when the formula gives less than 2, the second device wins at every
 # batch it can share. Each step time is the median of at least 5 steps timed by `mparlib.timing.measure`, but a
-# busy machine still moves `p`, so the number changes from run to run. Exercise 2 puts it to the test. On GPUs the same reasoning explains the
+# busy machine still moves `p`, so the number changes from run to run. Question 2 of *More questions* puts it to the test. On GPUs the same reasoning explains the
 # usual advice: keep the per-device batch large, and the links fast, before adding devices.
 # <!-- ja -->
 # 実測の行と 2つの予測を比べてください。違いを決めるのは次の 3つの効果で、このマシンでどれが強く効いているかは数値からわかります。
@@ -1028,7 +1028,7 @@ assert all(v > 0 and math.isfinite(v) for v in (run["alone"], run["alone_share"]
 # - **重なりが通信を隠します。** DDP は逆伝播の最中にバケットのオールリデュースを始めます（前の節）。実測がモデル 2 を**下回る**なら、通信の一部が計算と同時に進んだということです。
 # - **デバイスはマシンを共有しています。** CPU のプロセスはメモリ帯域幅やキャッシュを共有し、gloo のスレッドも CPU の時間を必要とし、その分は計算から差し引かれます。マシンで他に動いているものも、それぞれの取り分を持っていきます。GPU は PCIe や NVLink のリンクとホストを共有します。実測がモデル 2 を**上回る**なら、モデルが数えていない何かに時間をとられたということです。テンソルを 1つずつ送るだけで計算をしない帯域幅の測定には、それは見えません。
 #
-# 最後の行は、モデル 2 を逆向きに使ったものです。`t1(b) = c + p b`（固定の部分 `c` と、データ 1個あたり `p` 秒。`p` はデバイス 1つでの 2つのステップの時間の差から求めます）とすると、2つのデバイスが負けるのは `t1(B / 2) + comm > t1(B)`、つまり `comm > p B / 2` のとき、全体のバッチサイズが `B = 2 comm / p` より小さいときです。バッチは 2つに分けるので、セルはそれ以上でいちばん近い偶数のバッチサイズ（`break_even`）も表示します。式の値が 2 より小さいときは、分けられるどのバッチでも 2つ目のデバイスが勝ちます。ステップの時間はどれも `mparlib.timing.measure` で 5ステップ以上測った中央値ですが、マシンが混んでいれば `p` はやはり動くので、この数値は実行のたびに変わります。練習問題 2 でこれを確かめます。GPU でも同じ考え方から、いつもの助言が出てきます。デバイスを増やす前に、デバイスあたりのバッチを大きく保ち、リンクを速くすることです。
+# 最後の行は、モデル 2 を逆向きに使ったものです。`t1(b) = c + p b`（固定の部分 `c` と、データ 1個あたり `p` 秒。`p` はデバイス 1つでの 2つのステップの時間の差から求めます）とすると、2つのデバイスが負けるのは `t1(B / 2) + comm > t1(B)`、つまり `comm > p B / 2` のとき、全体のバッチサイズが `B = 2 comm / p` より小さいときです。バッチは 2つに分けるので、セルはそれ以上でいちばん近い偶数のバッチサイズ（`break_even`）も表示します。式の値が 2 より小さいときは、分けられるどのバッチでも 2つ目のデバイスが勝ちます。ステップの時間はどれも `mparlib.timing.measure` で 5ステップ以上測った中央値ですが、マシンが混んでいれば `p` はやはり動くので、この数値は実行のたびに変わります。「その他の問い」の 2 でこれを確かめます。GPU でも同じ考え方から、いつもの助言が出てきます。デバイスを増やす前に、デバイスあたりのバッチを大きく保ち、リンクを速くすることです。
 
 # %% [markdown]
 # <!-- en -->
@@ -1170,13 +1170,13 @@ assert any("Detected mismatch between collectives" in line and "TensorShape=[4]"
 # Each rank names both sides: which collective it runs with which shape (`TensorShape=[4]` against `[3]`), and what
 # the other rank runs. `DETAIL` costs an extra exchange before every collective, so switch it on to find a bug,
 # not for every training run. Without it, gloo has no way to know what the other side meant: the ranks receive
-# messages of unexpected sizes, and what happens then depends on the backend and the sizes (exercise 4).
+# messages of unexpected sizes, and what happens then depends on the backend and the sizes (question 4 of *More questions*).
 #
 # The checklist for a hanging run: set a timeout you can afford to wait; put a `monitored_barrier` where all ranks
 # should meet; rerun with `TORCH_DISTRIBUTED_DEBUG=DETAIL`; and read every rank's log, not only rank 0's
 # (`launch(..., log_dir=...)` keeps them).
 # <!-- ja -->
-# どちらのランクも両方の側を名指ししています。自分がどの集合通信をどの形状で実行しているか（`TensorShape=[4]` と `[3]`）と、相手のランクが何を実行しているかです。`DETAIL` は集合通信のたびに追加のやり取りをするので、バグを探すときにだけ有効にし、ふだんの訓練では使わないでください。これがないと、gloo には相手が何をするつもりだったのかを知る方法がありません。各ランクは思いがけない大きさのメッセージを受け取り、そのあとどうなるかはバックエンドと大きさによって変わります（練習問題 4）。
+# どちらのランクも両方の側を名指ししています。自分がどの集合通信をどの形状で実行しているか（`TensorShape=[4]` と `[3]`）と、相手のランクが何を実行しているかです。`DETAIL` は集合通信のたびに追加のやり取りをするので、バグを探すときにだけ有効にし、ふだんの訓練では使わないでください。これがないと、gloo には相手が何をするつもりだったのかを知る方法がありません。各ランクは思いがけない大きさのメッセージを受け取り、そのあとどうなるかはバックエンドと大きさによって変わります（「その他の問い」の 4）。
 #
 # 訓練がハングしたときの確認事項は次のとおりです。待ってもよい長さのタイムアウトを設定すること、すべてのランクがそろうべき場所に `monitored_barrier` を置くこと、`TORCH_DISTRIBUTED_DEBUG=DETAIL` を付けて実行し直すこと、そしてランク 0 だけでなくすべてのランクのログを読むことです（`launch(..., log_dir=...)` でログを残せます）。
 
@@ -1204,8 +1204,143 @@ assert any("Detected mismatch between collectives" in line and "TensorShape=[4]"
 #   gradients; when the all-reduce costs more than the computation saved, more devices are slower.
 # - Every rank must call the same collectives in the same order with the same shapes. Timeouts, `monitored_barrier`
 #   and `TORCH_DISTRIBUTED_DEBUG=DETAIL` turn a hang into a message that names the rank and the difference.
+# <!-- ja -->
+# ## まとめ
 #
+# - 1対1通信（`send`/`recv`、`isend`/`irecv`）は 2つのランクをつなぎます。集合通信（`broadcast`、`reduce`、`all_reduce`、`reduce_scatter`、`all_gather`、`all_to_all`）はグループのすべてのランクが呼び出します。オールリデュースは、リデュース・スキャッターのあとにオールギャザーを続けたものです。リングではこれが文字どおり成り立ちます。`ring_reduce_scatter` はランク `r` にチャンク `r` の和を残し（`dist.reduce_scatter_tensor` と同じ配置）、`ring_all_gather` が和を完成させます。
+# - リング・オールリデュースは、`n / k` 要素ずつのステップを `2(k-1)` 回行います。各ランクが送る量は、ランクの数によらずテンソルのおよそ 2倍です。送信と受信だけで作った `mparlib.collectives.ring_all_reduce` は、整数では `dist.all_reduce` と正確に一致し、実数では丸め誤差の範囲で一致します。
+# - メッセージにかかる時間は `α + n β` です。バス帯域幅（`n / t · 2(k-1)/k`）を使えば、ワールドサイズの違うオールリデュースどうしを比べられます。小さなメッセージはレイテンシで、大きなメッセージは帯域幅で時間が決まります。時間は繰り返した呼び出しの中央値（`mparlib.timing.measure`。合計 50 ms 以上かつ 5回以上）で、ばらつきと、測ったときのロードアベレージを添えて示します。混んだマシンでは当てはめの誤差が目標の 25% を大きく超えることがあり、この章の保存された実行でもそうなりました。
+# - DDP は勾配をバケット（`bucket_cap_mb`）ごとにオールリデュースし、それは逆伝播の最中に始められます（既定では最初のバケットが小さいので、実際に始まります。モデル全体が 1つのバケットに入ると何も重なりません）。通信フックで送るものを決められます（bfloat16 ならバイト数は半分で、勾配の違いは bfloat16 の丸め誤差の範囲です）。`no_sync()` を使うと、マイクロバッチの勾配を累積して、パラメータの更新 1回につきオールリデュース 1回で、同じ更新を行えます。
+# - `k` 個のデバイスでの 1ステップには、おおよそ `B / k` 個のデータの計算と、モデルの勾配のオールリデュースの時間がかかります。オールリデュースが、節約できる計算時間より長くかかるなら、デバイスを増やすと遅くなります。
+# - すべてのランクが、同じ集合通信を、同じ順序で、同じ形状で呼び出さなければなりません。タイムアウト、`monitored_barrier`、`TORCH_DISTRIBUTED_DEBUG=DETAIL` を使えば、ハングを、ランクと違いを名指しするメッセージに変えられます。
+
+# %% [markdown]
+# <!-- en -->
 # ## Exercises
+#
+# Each exercise has a **starter** cell whose function body is `raise NotImplementedError`: replace that line with
+# your code, run the cell, then run the check cell below it. The starters of the two distributed exercises are
+# `%%worker` cells: their checks start 3 fresh processes that import your function, and a function that waits for
+# a partner that never comes is stopped after 20 s with the name of the waiting rank. The check says *not
+# attempted*, *wrong* (the first difference and a hint for the likely mistake), *error* (your exception), or
+# *right*; it never prints the answer. `hint("08.1")` prints the next hint each time you call it, `hint("08.1", 2)`
+# a given level.
+# <!-- ja -->
+# ## 練習問題
+#
+# 各練習問題には、本体が `raise NotImplementedError` だけの関数を含む**スターター**のセルがあります。その行を自分のコードに置き換えてセルを実行し、すぐ下のチェックのセルを実行してください。分散の 2問のスターターは `%%worker` のセルです。そのチェックは新しいプロセスを 3個起動してそこで関数をインポートし、来ない相手を待ち続ける関数は 20秒で止めて、待っていたランクを示します。チェックの結果は「未着手」、「不正解」（最初の違いと、ありがちな間違いに合わせたヒント）、「エラー」（発生した例外）、「正解」のどれかで、答えそのものは表示しません。`hint("08.1")` は呼ぶたびに次の段階のヒントを、`hint("08.1", 2)` は指定した段階のヒントを表示します。
+
+# %%
+from mparlib.exercises import check, hint
+
+# %% [markdown]
+# <!-- en -->
+# ### Exercise 08.1: An all-gather from sends and receives
+#
+# Write `all_gather_by_sends(tensor, sizes)`, called on every rank with that rank's 1-D `tensor`: it returns the
+# list of every rank's tensor in rank order, as `dist.all_gather` would, using only point-to-point messages.
+# Rank `r`'s tensor has `sizes[r]` elements, and the sizes differ: the check uses 3 ranks with 2, 5 and 3
+# elements.
+# <!-- ja -->
+# ### 練習問題 08.1: 送信と受信で作るオールギャザー
+#
+# 各ランクが自分の 1次元の `tensor` を渡して呼ぶ `all_gather_by_sends(tensor, sizes)` を書いてください。`dist.all_gather` と同じく全ランクのテンソルをランクの順に並べたリストを返しますが、使うのは 1対 1 の通信だけです。ランク `r` のテンソルの要素数は `sizes[r]` で、大きさはランクごとに違います。チェックでは 3個のランクがそれぞれ 2個、5個、3個の要素を持ちます。
+
+# %%
+# %%worker ex08_gather
+# Exercise 08.1: starter
+import torch
+import torch.distributed as dist
+
+
+def all_gather_by_sends(tensor, sizes):
+    """Every rank's tensor, in rank order, from sends and receives alone."""
+    raise NotImplementedError("08.1")
+
+# %%
+from ex08_gather import all_gather_by_sends
+
+check("08.1", all_gather_by_sends)
+
+# %% [markdown]
+# <!-- en -->
+# ### Exercise 08.2: The ring's reduce-scatter
+#
+# Write `ring_reduce_scatter(tensor)`, the first phase of the ring all-reduce on its own: called on every rank with
+# tensors of one shape, it returns on rank `r` chunk `r` of the flattened tensor (`chunk_bounds(n, k)[r]`),
+# summed over all ranks, as `dist.reduce_scatter` leaves it. Only point-to-point messages, to the neighbours in
+# the ring. The check runs 3 ranks with 10 elements, then 2 (so one chunk is empty).
+# <!-- ja -->
+# ### 練習問題 08.2: リングのリデュース・スキャッタ
+#
+# リング・オールリデュースの前半だけを取り出した `ring_reduce_scatter(tensor)` を書いてください。すべてのランクが同じ形状のテンソルを渡して呼び、ランク `r` には、フラットにしたテンソルのチャンク `r`（`chunk_bounds(n, k)[r]`）を全ランクで合計したものを返します。`dist.reduce_scatter` が残すものと同じです。使うのはリングの隣どうしの 1対 1 の通信だけです。チェックは 3個のランクで、要素 10個、続いて 2個（チャンクの 1つが空になります）で実行します。
+
+# %%
+# %%worker ex08_ring
+# Exercise 08.2: starter
+import torch
+import torch.distributed as dist
+
+from mparlib.collectives import chunk_bounds
+
+
+def ring_reduce_scatter(tensor):
+    """Chunk `rank` of the flattened tensor, summed over the ranks, around the ring."""
+    raise NotImplementedError("08.2")
+
+# %%
+from ex08_ring import ring_reduce_scatter
+
+check("08.2", ring_reduce_scatter)
+
+# %% [markdown]
+# <!-- en -->
+# ### Exercise 08.3: The ring's time in the alpha-beta model
+#
+# Write `ring_all_reduce_seconds(nbytes, k, alpha, beta)`: the time the alpha-beta model predicts for a ring
+# all-reduce of `nbytes` bytes on `k` ranks, with latency `alpha` seconds and `beta` seconds per byte per link.
+# The check compares at random points.
+# <!-- ja -->
+# ### 練習問題 08.3: α-β モデルでのリングの時間
+#
+# レイテンシ `alpha` 秒、リンクあたり 1バイト `beta` 秒のとき、`k` ランクでの `nbytes` バイトのリング・オールリデュースに α-β モデルが予測する時間を返す `ring_all_reduce_seconds(nbytes, k, alpha, beta)` を書いてください。チェックはランダムな点で比べます。
+
+# %%
+# Exercise 08.3: starter
+def ring_all_reduce_seconds(nbytes, k, alpha, beta):
+    """Predicted seconds of a ring all-reduce of `nbytes` bytes on `k` ranks."""
+    raise NotImplementedError("08.3")
+
+
+# %%
+check("08.3", ring_all_reduce_seconds)
+
+# %% [markdown]
+# <!-- en -->
+# ### Exercise 08.4: DDP's gradient buckets
+#
+# Write `bucket_assignment(grad_bytes, cap_bytes, first_cap_bytes=None)`: DDP's buckets for gradients of
+# `grad_bytes[i]` bytes, listed in the order they become ready in the backward pass, as a list of buckets, each a
+# list of indices into `grad_bytes`. `cap_bytes` is the cap of a bucket; `first_cap_bytes`, when given, that of the
+# first bucket only. The check compares with the assignment DDP itself computes, on random sizes.
+# <!-- ja -->
+# ### 練習問題 08.4: DDP の勾配のバケット
+#
+# 逆伝播でできあがる順に並べた勾配の大きさ `grad_bytes[i]`（バイト）に対して、DDP が作るバケットを返す `bucket_assignment(grad_bytes, cap_bytes, first_cap_bytes=None)` を書いてください。戻り値はバケットのリストで、各バケットは `grad_bytes` のインデックスのリストです。`cap_bytes` はバケットの上限、`first_cap_bytes` は与えられたときの最初のバケットだけの上限です。チェックはランダムな大きさで、DDP 自身が計算する割り当てと比べます。
+
+# %%
+# Exercise 08.4: starter
+def bucket_assignment(grad_bytes, cap_bytes, first_cap_bytes=None):
+    """DDP's buckets (lists of indices) for gradients of `grad_bytes` bytes, in ready order."""
+    raise NotImplementedError("08.4")
+
+
+# %%
+check("08.4", bucket_assignment)
+
+# %% [markdown]
+# <!-- en -->
+# ### More questions
 #
 # 1. Run the tour on 3 processes, `launch(tour, 3)`, after predicting what `all_to_all_single` and
 #    `reduce_scatter_tensor` will print (the last assert of the ring cell counts 4 ranks; leave it out).
@@ -1222,16 +1357,7 @@ assert any("Detected mismatch between collectives" in line and "TensorShape=[4]"
 #    `launch(bucket_timeline, 2, args=(None,), backend="gloo")` (`bucket_cap_mb=None` is what DDP gets when nothing is
 #    passed). How many buckets are there, and does the first all-reduce start before the last gradient is ready?
 # <!-- ja -->
-# ## まとめ
-#
-# - 1対1通信（`send`/`recv`、`isend`/`irecv`）は 2つのランクをつなぎます。集合通信（`broadcast`、`reduce`、`all_reduce`、`reduce_scatter`、`all_gather`、`all_to_all`）はグループのすべてのランクが呼び出します。オールリデュースは、リデュース・スキャッターのあとにオールギャザーを続けたものです。リングではこれが文字どおり成り立ちます。`ring_reduce_scatter` はランク `r` にチャンク `r` の和を残し（`dist.reduce_scatter_tensor` と同じ配置）、`ring_all_gather` が和を完成させます。
-# - リング・オールリデュースは、`n / k` 要素ずつのステップを `2(k-1)` 回行います。各ランクが送る量は、ランクの数によらずテンソルのおよそ 2倍です。送信と受信だけで作った `mparlib.collectives.ring_all_reduce` は、整数では `dist.all_reduce` と正確に一致し、実数では丸め誤差の範囲で一致します。
-# - メッセージにかかる時間は `α + n β` です。バス帯域幅（`n / t · 2(k-1)/k`）を使えば、ワールドサイズの違うオールリデュースどうしを比べられます。小さなメッセージはレイテンシで、大きなメッセージは帯域幅で時間が決まります。時間は繰り返した呼び出しの中央値（`mparlib.timing.measure`。合計 50 ms 以上かつ 5回以上）で、ばらつきと、測ったときのロードアベレージを添えて示します。混んだマシンでは当てはめの誤差が目標の 25% を大きく超えることがあり、この章の保存された実行でもそうなりました。
-# - DDP は勾配をバケット（`bucket_cap_mb`）ごとにオールリデュースし、それは逆伝播の最中に始められます（既定では最初のバケットが小さいので、実際に始まります。モデル全体が 1つのバケットに入ると何も重なりません）。通信フックで送るものを決められます（bfloat16 ならバイト数は半分で、勾配の違いは bfloat16 の丸め誤差の範囲です）。`no_sync()` を使うと、マイクロバッチの勾配を累積して、パラメータの更新 1回につきオールリデュース 1回で、同じ更新を行えます。
-# - `k` 個のデバイスでの 1ステップには、おおよそ `B / k` 個のデータの計算と、モデルの勾配のオールリデュースの時間がかかります。オールリデュースが、節約できる計算時間より長くかかるなら、デバイスを増やすと遅くなります。
-# - すべてのランクが、同じ集合通信を、同じ順序で、同じ形状で呼び出さなければなりません。タイムアウト、`monitored_barrier`、`TORCH_DISTRIBUTED_DEBUG=DETAIL` を使えば、ハングを、ランクと違いを名指しするメッセージに変えられます。
-#
-# ## 練習問題
+# ### その他の問い
 #
 # 1. `all_to_all_single` と `reduce_scatter_tensor` が何を表示するかを予想してから、`tour` を 3個のプロセスで実行してください（`launch(tour, 3)`。リングのセルの最後の assert は 4個のランクを前提にしているので、外してください）。
 # 2. スケーリングのセルが表示した損益分岐の全体のバッチサイズと、その半分と 2倍（偶数にしてください）で、`one_vs_many` を実行し直してください。モデルが予測したところで、2個のプロセスは 1個より遅くなるでしょうか。

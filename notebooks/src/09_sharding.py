@@ -1546,8 +1546,143 @@ print(tr("(DDP's and ZeRO-1's traffic: an all-reduce counted as a reduce-scatter
 # - Activation checkpointing keeps each block's input and recomputes the rest in the backward pass.
 # - DCP saves every rank's shards in parallel and reshards on load (2 ranks -> 4 ranks -> 1 process). Save into a
 #   temporary folder, rename it, then point `latest` at it: a killed save is never taken for a complete one.
+# <!-- ja -->
+# ## まとめ
 #
+# - 訓練では、パラメータ 1つにつきパラメータ、勾配、オプティマイザの状態を持ちます。Adam なら fp32 でも混合精度（重みの fp32 のマスターコピー）でも 16バイトです。DDP はそのすべてを全ランクに持たせます。
+# - ZeRO はこれをシャーディングします。ステージ 1 はオプティマイザの状態、ステージ 2 は勾配も、ステージ 3 はパラメータもシャーディングします。この章のシャーディングしたステップは、DDP のオールリデュースを 2つに分けたものです。リデュース・スキャッターし、1つのスライスを更新し、オールギャザーします。送るバイト数もパラメータも同じで（ここでは DDP と比べて証明しました）、オプティマイザの状態は 1/N です。ただし最初に完全な勾配をフラットなバッファにコピーするので、これは ZeRO-1 で、ピークは DDP とほぼ同じです。`Zero2Optimizer` は ZeRO-2 です。フックが逆伝播の途中でバケットごとに勾配をリデュース・スキャッターして解放するので、ランクが持つ勾配は 1/N とバケット 1つ分を超えません。
+# - 何が収まるかを決めるのは、ステップのあとに残る量ではなくピークです。演算子ごとに数えると（`PeakMemory`）、ランク 2個と 4個で FSDP2 < ZeRO-2 < ZeRO-1 < DDP の順になります。
+# - FSDP2 は、ブロックごととルートの `fully_shard` です。パラメータは 0次元目でシャーディングされた DTensor になり、各ランクはパラメータ、勾配、オプティマイザの状態の 1/N（とパディング）を持ち、各ブロックは計算の直前に集められます。`reshard_after_forward` でメモリと 2回目のオールギャザーを交換でき、`MixedPrecisionPolicy` は集めるバイト数を半分にします。訓練は 1個のプロセスとまったく同じように進みます。
+# - 活性化の再計算は各ブロックの入力だけを残し、残りは逆伝播の中で計算し直します。
+# - DCP は全ランクのシャードを並行して保存し、読み込むときに再シャーディングします（ランク 2個 → ランク 4個 → 1個のプロセス）。一時フォルダに保存し、名前を変えてから `latest` でそれを指せば、強制終了された保存が完了したものと取り違えられることはありません。
+
+# %% [markdown]
+# <!-- en -->
 # ## Exercises
+#
+# Each exercise has a **starter** cell whose function body is `raise NotImplementedError`: replace that line with
+# your code, run the cell, then run the check cell below it. The starter of the ZeRO step is a `%%worker` cell: its
+# check starts 3 fresh processes that import your function. The check says *not attempted*, *wrong* (the first
+# difference and a hint for the likely mistake), *error* (your exception), or *right*; it never prints the answer.
+# `hint("09.1")` prints the next hint each time you call it, `hint("09.1", 2)` a given level.
+# <!-- ja -->
+# ## 練習問題
+#
+# 各練習問題には、本体が `raise NotImplementedError` だけの関数を含む**スターター**のセルがあります。その行を自分のコードに置き換えてセルを実行し、すぐ下のチェックのセルを実行してください。ZeRO のステップのスターターは `%%worker` のセルです。そのチェックは新しいプロセスを 3個起動してそこで関数をインポートします。チェックの結果は「未着手」、「不正解」（最初の違いと、ありがちな間違いに合わせたヒント）、「エラー」（発生した例外）、「正解」のどれかで、答えそのものは表示しません。`hint("09.1")` は呼ぶたびに次の段階のヒントを、`hint("09.1", 2)` は指定した段階のヒントを表示します。
+
+# %%
+from mparlib.exercises import check, hint
+
+# %% [markdown]
+# <!-- en -->
+# ### Exercise 09.1: Bytes per rank under ZeRO
+#
+# Write `bytes_per_rank(n_params, world, stage, per_parameter)`: the bytes one rank holds for `n_params`
+# parameters trained on `world` ranks under ZeRO stage `stage` (0 to 3), where `per_parameter` gives the bytes per
+# parameter of each part, as `mparlib.sharding.bytes_per_parameter` returns them, e.g.
+# `{"params": 4, "grads": 4, "optimizer": 8}`. Work it out from the stages, without calling
+# `zero_bytes_per_rank`. The check compares at random points, for every stage, precision and optimizer.
+# <!-- ja -->
+# ### 練習問題 09.1: ZeRO でのランクあたりのバイト数
+#
+# `n_params` 個のパラメータを `world` 個のランクで ZeRO のステージ `stage`（0 から 3）で訓練するとき、1つのランクが持つバイト数を返す `bytes_per_rank(n_params, world, stage, per_parameter)` を書いてください。`per_parameter` は、`mparlib.sharding.bytes_per_parameter` が返すのと同じ形の、各部分のパラメータあたりのバイト数です（例: `{"params": 4, "grads": 4, "optimizer": 8}`）。`zero_bytes_per_rank` を呼ばずに、ステージの定義から求めてください。チェックはすべてのステージ、精度、オプティマイザについて、ランダムな点で比べます。
+
+# %%
+# Exercise 09.1: starter
+def bytes_per_rank(n_params, world, stage, per_parameter):
+    """Bytes one rank holds under ZeRO `stage` for `n_params` parameters on `world` ranks."""
+    raise NotImplementedError("09.1")
+
+
+# %%
+check("09.1", bytes_per_rank)
+
+# %% [markdown]
+# <!-- en -->
+# ### Exercise 09.2: Shard a flat parameter
+#
+# Write `shard_flat(tensors, rank, world)`: rank `rank`'s shard when the `tensors` are flattened into one buffer
+# and split over `world` ranks the way the chapter's sharded optimizer splits them, every rank with the same
+# number of elements. The check uses totals that do not divide by the world size, down to a rank that holds only
+# padding.
+# <!-- ja -->
+# ### 練習問題 09.2: フラットなパラメータのシャーディング
+#
+# `tensors` を 1本のバッファにフラットに並べ、章のシャーディングしたオプティマイザと同じ分け方で `world` 個のランクに分けるときの、ランク `rank` のシャードを返す `shard_flat(tensors, rank, world)` を書いてください。どのランクの要素数も同じです。チェックはワールドサイズで割り切れない合計を使い、パディングしか持たないランクがある場合も試します。
+
+# %%
+# Exercise 09.2: starter
+import math
+
+import torch
+
+
+def shard_flat(tensors, rank, world):
+    """Rank `rank`'s equal-sized shard of the flattened `tensors`, split over `world` ranks."""
+    raise NotImplementedError("09.2")
+
+
+# %%
+check("09.2", shard_flat)
+
+# %% [markdown]
+# <!-- en -->
+# ### Exercise 09.3: Back from the shards
+#
+# Write `unshard_flat(shards, shapes)`, the inverse: from the list of all ranks' shards (in rank order) and the
+# shapes of the original tensors, return the tensors. The check feeds it the shards of exercise 09.2's cases.
+# <!-- ja -->
+# ### 練習問題 09.3: シャードからの復元
+#
+# その逆の `unshard_flat(shards, shapes)` を書いてください。全ランクのシャード（ランクの順）のリストと元のテンソルの形状から、元のテンソルを返します。チェックは練習問題 09.2 の場合のシャードを渡します。
+
+# %%
+# Exercise 09.3: starter
+def unshard_flat(shards, shapes):
+    """The tensors of `shapes` from all ranks' shards, in rank order."""
+    raise NotImplementedError("09.3")
+
+
+# %%
+check("09.3", unshard_flat)
+
+# %% [markdown]
+# <!-- en -->
+# ### Exercise 09.4: A ZeRO step
+#
+# Write `zero_sgd_step(params, lr)`, called on every rank after `backward()` on that rank's share of a batch, with
+# the model's parameters and their local gradients: one plain SGD step, sharded as in the section "ZeRO from
+# primitives". Afterwards every rank holds the parameters that one process would hold after an SGD step on the
+# whole batch. The check runs 3 ranks and a model of 40 parameters (not a multiple of 3) for 2 steps.
+# <!-- ja -->
+# ### 練習問題 09.4: ZeRO のステップ
+#
+# 各ランクが自分の担当分で `backward()` を実行したあとに、モデルのパラメータ（ローカルな勾配付き）を渡して呼ぶ `zero_sgd_step(params, lr)` を書いてください。「プリミティブから作る ZeRO」の節と同じようにシャーディングした、ふつうの SGD の 1ステップです。呼んだあと、どのランクも、1個のプロセスがミニバッチ全体で SGD を 1ステップ進めたときのパラメータを持っていなければなりません。チェックは 3個のランクと 40個のパラメータ（3 の倍数ではありません）のモデルで 2ステップ実行します。
+
+# %%
+# %%worker ex09_zero
+# Exercise 09.4: starter
+import math
+
+import torch
+import torch.distributed as dist
+
+reduce_scatter_single = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
+all_gather_single = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
+
+
+def zero_sgd_step(params, lr):
+    """One SGD step of `params` (local gradients): reduce-scatter, update this rank's slice, all-gather."""
+    raise NotImplementedError("09.4")
+
+# %%
+from ex09_zero import zero_sgd_step
+
+check("09.4", zero_sgd_step)
+
+# %% [markdown]
+# <!-- en -->
+# ### More questions
 #
 # 1. In the ZeRO worker, replace `torch.optim.Adam` by `torch.optim.SGD` with `momentum=0.9` in all four methods.
 #    Predict the optimizer bytes per rank with `sharding.bytes_per_parameter("fp32", "momentum")` first, then run
@@ -1562,16 +1697,7 @@ print(tr("(DDP's and ZeRO-1's traffic: an all-reduce counted as a reduce-scatter
 #    `save_sharded({"model": evaluated.state_dict()}, root, step=int(saved.split("-")[1]) + 1)`, and list
 #    the folder again: what became of the partial folder?
 # <!-- ja -->
-# ## まとめ
-#
-# - 訓練では、パラメータ 1つにつきパラメータ、勾配、オプティマイザの状態を持ちます。Adam なら fp32 でも混合精度（重みの fp32 のマスターコピー）でも 16バイトです。DDP はそのすべてを全ランクに持たせます。
-# - ZeRO はこれをシャーディングします。ステージ 1 はオプティマイザの状態、ステージ 2 は勾配も、ステージ 3 はパラメータもシャーディングします。この章のシャーディングしたステップは、DDP のオールリデュースを 2つに分けたものです。リデュース・スキャッターし、1つのスライスを更新し、オールギャザーします。送るバイト数もパラメータも同じで（ここでは DDP と比べて証明しました）、オプティマイザの状態は 1/N です。ただし最初に完全な勾配をフラットなバッファにコピーするので、これは ZeRO-1 で、ピークは DDP とほぼ同じです。`Zero2Optimizer` は ZeRO-2 です。フックが逆伝播の途中でバケットごとに勾配をリデュース・スキャッターして解放するので、ランクが持つ勾配は 1/N とバケット 1つ分を超えません。
-# - 何が収まるかを決めるのは、ステップのあとに残る量ではなくピークです。演算子ごとに数えると（`PeakMemory`）、ランク 2個と 4個で FSDP2 < ZeRO-2 < ZeRO-1 < DDP の順になります。
-# - FSDP2 は、ブロックごととルートの `fully_shard` です。パラメータは 0次元目でシャーディングされた DTensor になり、各ランクはパラメータ、勾配、オプティマイザの状態の 1/N（とパディング）を持ち、各ブロックは計算の直前に集められます。`reshard_after_forward` でメモリと 2回目のオールギャザーを交換でき、`MixedPrecisionPolicy` は集めるバイト数を半分にします。訓練は 1個のプロセスとまったく同じように進みます。
-# - 活性化の再計算は各ブロックの入力だけを残し、残りは逆伝播の中で計算し直します。
-# - DCP は全ランクのシャードを並行して保存し、読み込むときに再シャーディングします（ランク 2個 → ランク 4個 → 1個のプロセス）。一時フォルダに保存し、名前を変えてから `latest` でそれを指せば、強制終了された保存が完了したものと取り違えられることはありません。
-#
-# ## 練習問題
+# ### その他の問い
 #
 # 1. ZeRO のワーカーで、4つの方式すべての `torch.optim.Adam` を `momentum=0.9` の `torch.optim.SGD` に置き換えてください。まず `sharding.bytes_per_parameter("fp32", "momentum")` で 1ランクあたりのオプティマイザのバイト数を予測し、それから起動し直します。シャーディングしたステップは、今も DDP と一致するでしょうか。
 # 2. `fsdp_run` を 3個のランクで実行してください: `launch(fsdp_run, 3, args=(batches, 1e-3))`。各ランクの取り分は 1/3 をどれだけ上回るでしょうか。パディングの原因になっているのはどのパラメータでしょうか（各パラメータの 0次元目の大きさを見てください）。

@@ -1027,8 +1027,109 @@ print(tr(f"whole chapter so far: {time.perf_counter() - CHAPTER_START:.0f} s",
 #   messages and scheduling (the bubble table). 1F1B holds fewer micro-batches' activations.
 # - A 2D mesh combines FSDP along one dimension with tensor parallelism along the other, and still computes what
 #   one process computes.
+# <!-- ja -->
+# ## まとめ
 #
+# - テンソル並列は、層の重みを出力の特徴で分ける（列並列）か、入力の特徴で分けます（行並列）。列並列の後に行並列を続けると、間に通信はいらず、最後に 1回の和で済みます。
+# - 互いに鏡像の 2つの演算子が逆伝播を正しくします。複製された入力が入る場所に `f`（順伝播は恒等写像、逆伝播はオールリデュース）、部分和が出ていく場所に `g`（順伝播はオールリデュース、逆伝播は恒等写像）を置きます。アテンションはヘッド単位で分け、ブロックのヘッド数をローカルな数にします。
+# - `DTensor` は `DeviceMesh` 上での各テンソルの配置を `Shard`、`Replicate`、`Partial` として記録します。`ColwiseParallel` / `RowwiseParallel` を使った `parallelize_module` は、同じブロックを同じ通信で作ります。`CommDebugMode` で確かめられます。
+# - `torch.distributed.pipelining` はステージを別々のプロセスで動かします。GPipe と 1F1B は 1個のプロセスと同じステップを計算します。式 `(p - 1) / (m + p - 1)` は計算だけを数え、どちらのバブルも同じだとしますが、測ったバブルはそれより大きく、`m` が増えるほど式との差が広がりました。マイクロバッチごとに、通信とスケジュールの処理という決まった費用が加わるからです（バブルの表）。1F1B は保持する活性化が少なくて済みます。
+# - 2次元のメッシュでは、一方の次元の FSDP ともう一方の次元のテンソル並列を組み合わせられます。それでも計算するのは 1個のプロセスと同じものです。
+
+# %% [markdown]
+# <!-- en -->
 # ## Exercises
+#
+# Each exercise has a **starter** cell whose function body is `raise NotImplementedError`: replace that line with
+# your code, run the cell, then run the check cell below it. The starter of the row-parallel layer is a `%%worker`
+# cell: its check starts 2 fresh processes that import your function. The check says *not attempted*, *wrong*
+# (the first difference and a hint for the likely mistake), *error* (your exception), or *right*; it never prints
+# the answer. `hint("10.1")` prints the next hint each time you call it, `hint("10.1", 2)` a given level.
+# <!-- ja -->
+# ## 練習問題
+#
+# 各練習問題には、本体が `raise NotImplementedError` だけの関数を含む**スターター**のセルがあります。その行を自分のコードに置き換えてセルを実行し、すぐ下のチェックのセルを実行してください。行並列の層のスターターは `%%worker` のセルです。そのチェックは新しいプロセスを 2個起動してそこで関数をインポートします。チェックの結果は「未着手」、「不正解」（最初の違いと、ありがちな間違いに合わせたヒント）、「エラー」（発生した例外）、「正解」のどれかで、答えそのものは表示しません。`hint("10.1")` は呼ぶたびに次の段階のヒントを、`hint("10.1", 2)` は指定した段階のヒントを表示します。
+
+# %%
+from mparlib.exercises import check, hint
+
+# %% [markdown]
+# <!-- en -->
+# ### Exercise 10.1: A row-parallel linear layer
+#
+# Write `row_parallel_linear(x, linear)`, called on every rank with the same whole input `x` (shape `(..., in)`)
+# and the same `nn.Linear`: each rank uses only its slice of the input features and the matching columns of the
+# weight, and every rank returns `linear(x)`. The check runs 2 ranks with a 2-D and a 3-D input and compares
+# with `nn.Linear` itself.
+# <!-- ja -->
+# ### 練習問題 10.1: 行並列の線形層
+#
+# すべてのランクが同じ入力全体 `x`（形状 `(..., in)`）と同じ `nn.Linear` を渡して呼ぶ `row_parallel_linear(x, linear)` を書いてください。各ランクは入力の特徴の自分のスライスと、それに対応する重みの列だけを使い、どのランクも `linear(x)` を返します。チェックは 2個のランクで 2次元と 3次元の入力を使い、`nn.Linear` そのものと比べます。
+
+# %%
+# %%worker ex10_row
+# Exercise 10.1: starter
+import torch
+import torch.distributed as dist
+
+
+def row_parallel_linear(x, linear):
+    """`linear(x)` computed with the input features split over the ranks."""
+    raise NotImplementedError("10.1")
+
+# %%
+from ex10_row import row_parallel_linear
+
+check("10.1", row_parallel_linear)
+
+# %% [markdown]
+# <!-- en -->
+# ### Exercise 10.2: The 1F1B order of a stage
+#
+# Write `one_f_one_b(stage, num_stages, micro_batches)`: the order in which stage `stage` of a pipeline of
+# `num_stages` stages runs the forward and backward passes of `micro_batches` micro-batches under 1F1B, as a list
+# of `("F", i)` and `("B", i)`, the order `Schedule1F1B` follows. The check compares every stage of pipelines of
+# 1 to 5 stages.
+# <!-- ja -->
+# ### 練習問題 10.2: ステージの 1F1B の順序
+#
+# `num_stages` 個のステージからなるパイプラインのステージ `stage` が、1F1B で `micro_batches` 個のマイクロバッチの順伝播と逆伝播を実行する順序を、`("F", i)` と `("B", i)` のリストで返す `one_f_one_b(stage, num_stages, micro_batches)` を書いてください。`Schedule1F1B` が従う順序です。チェックは 1 から 5 ステージのパイプラインのすべてのステージで比べます。
+
+# %%
+# Exercise 10.2: starter
+def one_f_one_b(stage, num_stages, micro_batches):
+    """Stage `stage`'s order of ("F", i) and ("B", i) under 1F1B."""
+    raise NotImplementedError("10.2")
+
+
+# %%
+check("10.2", one_f_one_b)
+
+# %% [markdown]
+# <!-- en -->
+# ### Exercise 10.3: The bubble
+#
+# Write `bubble(num_stages, micro_batches)`: the share of a step that a rank of a pipeline of equal stages spends
+# idle, counting computation only, without calling `schedules.bubble_formula`. The check compares at random
+# points.
+# <!-- ja -->
+# ### 練習問題 10.3: バブル
+#
+# 等しいステージからなるパイプラインで、1つのランクがステップのうち何もしていない割合（計算だけを数えます）を返す `bubble(num_stages, micro_batches)` を、`schedules.bubble_formula` を呼ばずに書いてください。チェックはランダムな点で比べます。
+
+# %%
+# Exercise 10.3: starter
+def bubble(num_stages, micro_batches):
+    """The idle share of a step of a pipeline of equal stages."""
+    raise NotImplementedError("10.3")
+
+
+# %%
+check("10.3", bubble)
+
+# %% [markdown]
+# <!-- en -->
+# ### More questions
 #
 # 1. **One `f` for three projections.** In `tp_workers`, write a module that applies
 #    `tensor_parallel.copy_to_parallel` to its input once and then calls a split attention block whose `q`, `k` and
@@ -1044,15 +1145,7 @@ print(tr(f"whole chapter so far: {time.perf_counter() - CHAPTER_START:.0f} s",
 #    worker, including the halves of the batch). Does the parity still hold? Which messages would now cross the
 #    slower links if the two rows of the mesh were two machines?
 # <!-- ja -->
-# ## まとめ
-#
-# - テンソル並列は、層の重みを出力の特徴で分ける（列並列）か、入力の特徴で分けます（行並列）。列並列の後に行並列を続けると、間に通信はいらず、最後に 1回の和で済みます。
-# - 互いに鏡像の 2つの演算子が逆伝播を正しくします。複製された入力が入る場所に `f`（順伝播は恒等写像、逆伝播はオールリデュース）、部分和が出ていく場所に `g`（順伝播はオールリデュース、逆伝播は恒等写像）を置きます。アテンションはヘッド単位で分け、ブロックのヘッド数をローカルな数にします。
-# - `DTensor` は `DeviceMesh` 上での各テンソルの配置を `Shard`、`Replicate`、`Partial` として記録します。`ColwiseParallel` / `RowwiseParallel` を使った `parallelize_module` は、同じブロックを同じ通信で作ります。`CommDebugMode` で確かめられます。
-# - `torch.distributed.pipelining` はステージを別々のプロセスで動かします。GPipe と 1F1B は 1個のプロセスと同じステップを計算します。式 `(p - 1) / (m + p - 1)` は計算だけを数え、どちらのバブルも同じだとしますが、測ったバブルはそれより大きく、`m` が増えるほど式との差が広がりました。マイクロバッチごとに、通信とスケジュールの処理という決まった費用が加わるからです（バブルの表）。1F1B は保持する活性化が少なくて済みます。
-# - 2次元のメッシュでは、一方の次元の FSDP ともう一方の次元のテンソル並列を組み合わせられます。それでも計算するのは 1個のプロセスと同じものです。
-#
-# ## 練習問題
+# ### その他の問い
 #
 # 1. **3つの射影に `f` を 1つだけ。** `tp_workers` に、入力に `tensor_parallel.copy_to_parallel` を 1回だけ適用してから、分割したアテンションのブロックを呼ぶモジュールを書いてください。そのブロックの `q`、`k`、`v` は `ColumnParallelLinear(..., copy_input=False)` で作ります。比較をもう一度起動してください。出力と勾配はまだ一致するでしょうか。逆伝播のオールリデュースは何回になったでしょうか。Megatron-LM が `qkv` を 1つの行列にまとめて得ているのは、この効果です。
 # 2. **割り切れない分割。** `launch(compare_split, 3)` を呼んでください。どの検査が失敗し、メッセージは何を勧めているでしょうか。`MLP(64, 96)` を 3個のプロセスで分けるなら、MLP だけは動くでしょうか。

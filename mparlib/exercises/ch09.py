@@ -1,0 +1,289 @@
+"""Checks of chapter 09's exercises: ZeRO's bytes per rank, a flat parameter's shards and back, a ZeRO step.
+
+The byte count is checked at random points against the chapter's own arithmetic (``mparlib.sharding``); the
+shards by their properties (equal sizes, zero padding, concatenation to the whole); the ZeRO step on 3 fresh gloo
+processes against one process's SGD step on the whole batch, for a model whose size does not divide by 3.
+Explained in 09_sharding.
+"""
+import math
+import random
+
+import torch
+from torch import nn
+
+from ..lang import tr
+from ..sharding import PRECISIONS, STATES_PER_PARAMETER, bytes_per_parameter, zero_bytes_per_rank
+from .ch06 import close, fault, learner_function, run_child
+from .ch07 import near
+from .core import call, exercise, first_mismatch, mismatch_text, right, wrong
+
+
+# ---- 09.1: bytes per rank under ZeRO ---------------------------------------------------------------------------
+def zero_total(n_params, world, stage, per_parameter, shift=0, everything=None):
+    """Total bytes per rank, or those of a likely mistake (stage shifted, everything or nothing sharded).
+    For check authors: see the package docstring."""
+    order = ("optimizer", "grads", "params")  # stage s shards the first s of these
+    total = 0
+    for i, part in enumerate(order):
+        sharded = (i < stage + shift) if everything is None else everything
+        total += n_params * per_parameter[part] / (world if sharded else 1)
+    return total
+
+
+@exercise("09.1", title=("Bytes per rank under ZeRO", "ZeRO でのランクあたりのバイト数"), hints=[
+    ("Look at the section 'Where the memory goes' and `mparlib.sharding.zero_bytes_per_rank`'s docstring: what "
+     "does each stage shard?",
+     "「メモリの内訳」の節と `mparlib.sharding.zero_bytes_per_rank` の説明を見てください。各ステージは何を"
+     "シャーディングするでしょうか。"),
+    ("Three parts: parameters, gradients, optimizer state (bytes per parameter given in per_parameter). Stage 0 "
+     "keeps all three whole on every rank; stage 1 divides the optimizer state by the world size, stage 2 also "
+     "the gradients, stage 3 also the parameters.",
+     "部分は 3つ、パラメータ、勾配、オプティマイザの状態です（パラメータあたりのバイト数は per_parameter に"
+     "あります）。ステージ 0 は 3つとも各ランクに丸ごと持ちます。ステージ 1 はオプティマイザの状態をワールドサイズで"
+     "割り、ステージ 2 は勾配も、ステージ 3 はパラメータも割ります。"),
+    ("sharded = {'optimizer': stage >= 1, 'grads': stage >= 2, 'params': stage >= 3}; sum n_params * "
+     "per_parameter[part] / (world if sharded[part] else 1) over the three parts.",
+     "sharded = {'optimizer': stage >= 1, 'grads': stage >= 2, 'params': stage >= 3} とし、3つの部分について "
+     "n_params * per_parameter[part] / (world if sharded[part] else 1) を合計します。"),
+], mistakes={
+    "stage_shift": ("Your numbers are those of the neighbouring stage: stage 1 shards only the optimizer state, "
+                    "stage 2 adds the gradients, stage 3 the parameters.",
+                    "隣のステージの値になっています。ステージ 1 がシャーディングするのはオプティマイザの状態だけで、"
+                    "ステージ 2 で勾配が、ステージ 3 でパラメータが加わります。"),
+    "all_sharded": ("You divide every part by the world size whatever the stage: only stage 3 shards all three.",
+                    "ステージによらずすべての部分をワールドサイズで割っています。3つすべてを分けるのはステージ 3 だけです。"),
+    "none_sharded": ("You divide nothing by the world size: that is stage 0 (DDP) only.",
+                     "何もワールドサイズで割っていません。それはステージ 0（DDP）だけです。"),
+})
+def check_09_1(answer, points=40, seed=0):
+    """Compare with the chapter's arithmetic at random points; a mistake is named when it explains every point.
+    Explained in 09_sharding."""
+    rng = random.Random(seed)
+    hypotheses = {"stage_shift": [1, -1], "all_sharded": [True], "none_sharded": [False]}
+    fits = {key: [True] * len(v) for key, v in hypotheses.items()}
+    first = None
+    for i in range(points):
+        n, world, stage = rng.randint(10**5, 10**11), rng.choice([2, 3, 4, 8, 16, 64, 512]), i % 4
+        precision, optimizer = rng.choice(sorted(PRECISIONS)), rng.choice(sorted(STATES_PER_PARAMETER))
+        per = bytes_per_parameter(precision, optimizer)
+        expected = sum(zero_bytes_per_rank(n, world, stage, precision, optimizer).values())
+        got = call(answer, n, world, stage, dict(per))
+        fits["stage_shift"] = [ok and near(got, zero_total(n, world, stage, per, shift=s), 1e-9)
+                               for ok, s in zip(fits["stage_shift"], hypotheses["stage_shift"])]
+        for key in ("all_sharded", "none_sharded"):
+            fits[key] = [fits[key][0] and near(got, zero_total(n, world, stage, per, everything=key == "all_sharded"),
+                                               1e-9)]
+        if first is None and not near(got, expected, 1e-9):
+            first = tr(f"{n} parameters on {world} ranks, stage {stage}, bytes per parameter {per}: your total is "
+                       f"{got!r}.",
+                       f"パラメータ {n}個、{world}ランク、ステージ {stage}、パラメータあたりのバイト数 {per}: "
+                       f"あなたの合計は {got!r} です。")
+    if first is None:
+        return right(tr(f"Bytes per rank agree at {points} random points (all stages, precisions and optimizers).",
+                        f"ランダムな {points}点（すべてのステージ、精度、オプティマイザ）で、ランクあたりのバイト数が"
+                        "一致しました。"))
+    return wrong(first, next((key for key, oks in fits.items() if any(oks)), None))
+
+
+# ---- 09.2 and 09.3: a flat parameter's shards ----------------------------------------------------------------------
+def flat_cases(seed=0):
+    """Lists of tensors of uneven total sizes, with the world sizes to shard them over. For check authors: see the
+    package docstring."""
+    rng = random.Random(seed)
+    cases = []
+    for world in (2, 3, 4, 5):
+        shapes = [tuple(rng.randint(1, 5) for _ in range(rng.randint(1, 3))) for _ in range(rng.randint(1, 4))]
+        g = torch.Generator().manual_seed(world)
+        cases.append(([torch.randn(s, generator=g) for s in shapes], world))
+    cases.append(([torch.randn(3)], 4))  # fewer elements than ranks... almost: one rank holds only padding
+    cases.append(([torch.randn(2)], 5))
+    return cases
+
+
+def reference_shards(tensors, world):
+    """Each rank's shard of the flattened, zero-padded tensors. For check authors: see the package docstring."""
+    flat = torch.cat([t.reshape(-1) for t in tensors])
+    size = math.ceil(flat.numel() / world)
+    padded = torch.cat([flat, flat.new_zeros(size * world - flat.numel())])
+    return list(padded.split(size))
+
+
+@exercise("09.2", title=("Shard a flat parameter", "フラットなパラメータのシャーディング"), hints=[
+    ("Look at `mparlib.sharding.ShardedOptimizer` in the section 'ZeRO from primitives': how does it cut the "
+     "parameters among the ranks?",
+     "「プリミティブから作る ZeRO」の節の `mparlib.sharding.ShardedOptimizer` を見てください。パラメータを"
+     "ランクにどう分けているでしょうか。"),
+    ("Flatten every tensor and concatenate them; every rank gets the same number of elements, S = ceil(total / "
+     "world), so the buffer is padded with zeros up to world x S. Rank r takes elements r S to (r + 1) S.",
+     "すべてのテンソルをフラットにしてつなげます。どのランクも同じ個数 S = ceil(total / world) を受け持つので、"
+     "バッファを world x S までゼロで埋めます。ランク r は r S から (r + 1) S までの要素を受け持ちます。"),
+    ("flat = torch.cat([t.reshape(-1) for t in tensors]); S = math.ceil(flat.numel() / world); pad with "
+     "torch.zeros to world * S; return padded[rank * S:(rank + 1) * S].",
+     "flat = torch.cat([t.reshape(-1) for t in tensors]); S = math.ceil(flat.numel() / world); torch.zeros で "
+     "world * S まで埋め、padded[rank * S:(rank + 1) * S] を返します。"),
+], mistakes={
+    "no_padding": ("The shards differ in size: pad the flat buffer with zeros to a multiple of the world size, so "
+                   "that every rank's shard has ceil(total / world) elements.",
+                   "シャードの大きさがそろっていません。フラットなバッファをワールドサイズの倍数までゼロで埋め、どのランクの"
+                   "シャードも ceil(total / world) 個にしてください。"),
+    "wrong_slice": ("This shard is another rank's: rank r takes the r-th slice of S elements.",
+                    "このシャードは別のランクのものです。ランク r は S 個ずつの r 番目のスライスを受け持ちます。"),
+})
+def check_09_2(answer):
+    """Compare every rank's shard with the slices of the padded flat buffer (uneven totals, a rank of padding
+    only). Explained in 09_sharding."""
+    for tensors, world in flat_cases():
+        expected = reference_shards(tensors, world)
+        for rank in range(world):
+            got = call(answer, [t.clone() for t in tensors], rank, world)
+            if close(got, expected[rank]):
+                continue
+            where = tr(f"With sizes {[tuple(t.shape) for t in tensors]} on {world} ranks, rank {rank}'s shard",
+                       f"大きさ {[tuple(t.shape) for t in tensors]}、{world}ランクのとき、ランク {rank} のシャード")
+            key = None
+            if isinstance(got, torch.Tensor) and got.shape != expected[rank].shape:
+                key = "no_padding"
+            elif any(close(got, e) for e in expected):
+                key = "wrong_slice"
+            return wrong(mismatch_text(where, first_mismatch(got, expected[rank])), key)
+    return right(tr("Every rank's shard is its slice of the zero-padded flat buffer, for totals that do not divide.",
+                    "割り切れない合計でも、各ランクのシャードはゼロで埋めたフラットなバッファのそのランクのスライスでした。"))
+
+
+@exercise("09.3", title=("Back from the shards", "シャードからの復元"), hints=[
+    ("This is what the all-gather of ZeRO's step undoes (section 'ZeRO from primitives'): the ranks' shards, in "
+     "rank order, make the padded flat buffer.",
+     "これは ZeRO のステップのオールギャザーが元に戻すものです（「プリミティブから作る ZeRO」の節）。ランクの順に"
+     "並べたシャードが、パディングを含むフラットなバッファになります。"),
+    ("Concatenate the shards; then cut the tensors off the front one after another, each with as many elements as "
+     "its shape holds, and reshape. What is left at the end is padding.",
+     "シャードをつなげ、前から順に、それぞれの形状が持つ個数ずつ切り出して形状を戻します。最後に残るのはパディングです。"),
+    ("flat = torch.cat(shards); for shape in shapes: n = math.prod(shape); take flat[offset:offset + n]"
+     ".reshape(shape); offset += n.",
+     "flat = torch.cat(shards); 各 shape について n = math.prod(shape); flat[offset:offset + n].reshape(shape) を"
+     "取り、offset += n とします。"),
+], mistakes={
+    "shape_lost": ("The values are right but a tensor has the wrong shape: reshape each piece to its shape.",
+                   "値は正しいのですが、形状の違うテンソルがあります。切り出した各部分を元の形状にしてください。"),
+})
+def check_09_3(answer):
+    """Unshard the reference shards and compare with the original tensors. Explained in 09_sharding."""
+    for tensors, world in flat_cases():
+        got = call(answer, reference_shards(tensors, world), [tuple(t.shape) for t in tensors])
+        if not isinstance(got, (list, tuple)) or len(got) != len(tensors):
+            return wrong(tr(f"Your function returned {type(got).__name__} of length {len(got) if hasattr(got, '__len__') else '-'}; "
+                            f"return a list of {len(tensors)} tensors.",
+                            f"戻り値の型と長さが {type(got).__name__}、"
+                            f"{len(got) if hasattr(got, '__len__') else '-'} です。{len(tensors)}個のテンソルの"
+                            "リストを返してください。"), "shape")
+        for i, (g, t) in enumerate(zip(got, tensors)):
+            if close(g, t, 0, 0):
+                continue
+            where = tr(f"On {world} ranks, tensor {i}", f"{world}ランクのとき、テンソル {i}")
+            key = "shape_lost" if isinstance(g, torch.Tensor) and g.numel() == t.numel() and \
+                torch.equal(g.reshape(-1), t.reshape(-1)) else None
+            return wrong(mismatch_text(where, first_mismatch(g, t, 0, 0)), key)
+    return right(tr("Every tensor came back exactly, padding dropped.",
+                    "パディングを除いて、すべてのテンソルが正確に元に戻りました。"))
+
+
+# ---- 09.4: a ZeRO step -------------------------------------------------------------------------------------------
+def zero_model(seed):
+    """A model of 5 x 4 + 4 + 4 x 4 = 40 parameters: on 3 ranks the flat buffer needs padding. For check authors: see
+    the package docstring."""
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(5, 4), nn.Tanh(), nn.Linear(4, 4, bias=False)).double()
+
+
+def zero_child(module, name, lr=0.3, steps=2, per_rank=3, seed=0):
+    """Steps of the learner's ZeRO update on this rank's share, beside one process's SGD on the whole batch.
+    For check authors: see the package docstring."""
+    import torch.distributed as dist
+
+    fn = learner_function(module, name)
+    try:
+        rank, world = dist.get_rank(), dist.get_world_size()
+        g = torch.Generator().manual_seed(seed + 7)
+        xs = [torch.randn(world * per_rank, 5, generator=g, dtype=torch.float64) for _ in range(steps)]
+        ys = [torch.randn(world * per_rank, 4, generator=g, dtype=torch.float64) for _ in range(steps)]
+        whole, model = zero_model(seed), zero_model(seed)
+        sgd = torch.optim.SGD(whole.parameters(), lr=lr)
+        before = [p.detach().clone() for p in model.parameters()]
+    except Exception:
+        return fault()
+    history = []
+    for x, y in zip(xs, ys):
+        try:
+            sgd.zero_grad()
+            nn.functional.mse_loss(whole(x), y).backward()
+            sgd.step()
+            model.zero_grad()
+            share = slice(rank * per_rank, (rank + 1) * per_rank)
+            nn.functional.mse_loss(model(x[share]), y[share]).backward()
+        except Exception:
+            return fault()
+        fn(list(model.parameters()), lr)
+        history.append({"got": [p.detach().clone() for p in model.parameters()],
+                        "expected": [p.detach().clone() for p in whole.parameters()]})
+    return {"history": history, "before": before, "world": world}
+
+
+def zero_key(values, step, index):
+    """The likely mistake behind a wrong parameter after a ZeRO step (first step only). For check authors: see the
+    package docstring."""
+    if step != 0:
+        return None
+    v = values[0]
+    got, expected, before = v["history"][0]["got"][index], v["history"][0]["expected"][index], v["before"][index]
+    world = v["world"]
+    if close(got, before + world * (expected - before)):
+        return "missing_average"
+    flat_got = [x["history"][0]["got"] for x in values]
+    if any(not all(torch.equal(a, b) for a, b in zip(flat_got[0], other)) for other in flat_got[1:]):
+        return "ranks_differ"
+    return None
+
+
+@exercise("09.4", title=("A ZeRO step", "ZeRO のステップ"), needs="processes", hints=[
+    ("Look at `mparlib.sharding.ShardedOptimizer.step` in the section 'ZeRO from primitives': three steps.",
+     "「プリミティブから作る ZeRO」の節の `mparlib.sharding.ShardedOptimizer.step` を見てください。3つの段階が"
+     "あります。"),
+    ("Flatten the local gradients into a buffer padded to world x S; reduce-scatter it (each rank receives the "
+     "sum of its slice) and divide by the world size; update this rank's slice of the flat parameters with SGD; "
+     "all-gather the slices and copy them back into the parameters.",
+     "ローカルな勾配を world x S まで埋めたバッファにフラットに並べ、リデュース・スキャッターします（各ランクは自分のスライスの"
+     "合計を受け取ります）。それをワールドサイズで割り、フラットなパラメータのこのランクのスライスを SGD で更新し、スライスを"
+     "オールギャザーしてパラメータに書き戻します。"),
+    ("grads = zeros(world * S); grads[:total] = cat of p.grad; reduce_scatter_single(shard, grads) (the chapter's "
+     "worker shows the name for your torch); shard /= world; mine = flat_params[rank*S:(rank+1)*S] - lr * shard; "
+     "all_gather_single(flat, mine); copy flat back into each p under torch.no_grad().",
+     "grads = zeros(world * S); grads[:total] に p.grad をつなげたものを入れ、reduce_scatter_single(shard, grads)"
+     "（お使いの torch での名前は章のワーカーを参照）; shard /= world; mine = flat_params[rank*S:(rank+1)*S] - "
+     "lr * shard; all_gather_single(flat, mine); torch.no_grad() の中で flat を各 p に書き戻します。"),
+], mistakes={
+    "missing_average": ("The parameters moved the world size times too far: the reduce-scatter sums the "
+                        "gradients, and data parallelism averages them. Divide by dist.get_world_size().",
+                        "パラメータがワールドサイズ倍動いています。リデュース・スキャッターは勾配を合計しますが、データ"
+                        "並列では平均します。dist.get_world_size() で割ってください。"),
+    "ranks_differ": ("The ranks end with different parameters: every rank must receive every other rank's updated "
+                     "slice (the all-gather) and use the gradients summed over all ranks (the reduce-scatter).",
+                     "ランクごとにパラメータが違っています。どのランクも他のすべてのランクの更新済みのスライスを受け取り"
+                     "（オールギャザー）、全ランクで合計した勾配を使う（リデュース・スキャッター）必要があります。"),
+})
+def check_09_4(answer, nproc=3):
+    """Two ZeRO steps on 3 ranks against one process's SGD on the whole batch, parameter by parameter.
+    Explained in 09_sharding."""
+    values = run_child(answer, zero_child, nproc)
+    names = ["0.weight", "0.bias", "2.weight"]
+    for step in range(2):
+        for rank, v in enumerate(values):
+            for index, (got, expected) in enumerate(zip(v["history"][step]["got"], v["history"][step]["expected"])):
+                if close(got, expected, 1e-6, 1e-9):
+                    continue
+                where = tr(f"After step {step + 1}, rank {rank}'s {names[index]}",
+                           f"ステップ {step + 1} のあと、ランク {rank} の {names[index]}")
+                return wrong(mismatch_text(where, first_mismatch(got, expected, 1e-6, 1e-9)),
+                             zero_key(values, step, index))
+    return right(tr(f"After 2 steps on {nproc} ranks every parameter equals one process's SGD on the whole batch.",
+                    f"{nproc}ランクで 2ステップ進めたあと、どのパラメータも 1個のプロセスがミニバッチ全体で SGD を"
+                    "進めた値と一致しました。"))

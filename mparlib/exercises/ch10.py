@@ -1,0 +1,207 @@
+"""Checks of chapter 10's exercises: a row-parallel linear layer, the 1F1B order of a stage, the bubble.
+
+The row-parallel layer runs on 2 fresh gloo processes against ``nn.Linear`` itself; the 1F1B order is checked
+against the rules of ``torch.distributed.pipelining``'s ``Schedule1F1B`` (warm-up forwards ``min(m, p - s)``, then
+one backward and one forward in turn, then the remaining backwards); the bubble at random points against
+``mparlib.schedules.bubble_formula``. Explained in 10_model_parallel.
+"""
+import random
+
+import torch
+from torch import nn
+
+from ..lang import tr
+from ..schedules import bubble_formula
+from .ch06 import close, fault, learner_function, run_child
+from .ch07 import near
+from .core import call, exercise, first_mismatch, mismatch_text, right, wrong
+
+
+# ---- 10.1: a row-parallel linear layer ---------------------------------------------------------------------------
+def row_child(module, name, seed=0):
+    """The learner's row-parallel layer on a 2-D and a 3-D input, beside nn.Linear. For check authors: see the package
+    docstring."""
+    import torch.distributed as dist
+
+    fn = learner_function(module, name)
+    try:
+        rank, world = dist.get_rank(), dist.get_world_size()
+        torch.manual_seed(seed)
+        linear = nn.Linear(8, 5).double()
+        g = torch.Generator().manual_seed(seed + 1)
+        inputs = [torch.randn(3, 8, generator=g, dtype=torch.float64),
+                  torch.randn(2, 3, 8, generator=g, dtype=torch.float64)]
+        step = 8 // world
+        cuts = slice(rank * step, (rank + 1) * step)
+    except Exception:
+        return fault()
+    out = []
+    for x in inputs:
+        with torch.no_grad():
+            got = fn(x.clone(), linear)
+            out.append({"got": got.detach().clone() if isinstance(got, torch.Tensor) else got,
+                        "expected": linear(x), "bias": linear.bias.detach().clone(),
+                        "partial": x[..., cuts] @ linear.weight[:, cuts].T, "product": x @ linear.weight.T})
+    return {"cases": out, "world": world}
+
+
+def row_key(case, world):
+    """The likely mistake behind a wrong row-parallel output. For check authors: see the package docstring."""
+    got, expected, bias = case["got"], case["expected"], case["bias"]
+    if close(got, expected + (world - 1) * bias):
+        return "bias_every_rank"
+    if close(got, case["partial"] + bias) or close(got, case["partial"]):
+        return "missing_all_reduce"
+    if close(got, world * case["product"] + bias) or close(got, world * case["product"] + world * bias):
+        return "whole_input"
+    return None
+
+
+@exercise("10.1", title=("A row-parallel linear layer", "行並列の線形層"), needs="processes", hints=[
+    ("Look at the section 'Splitting one layer: columns and rows', the row-parallel case, and the cell after it.",
+     "「1つの層の分け方: 列と行」の節の行並列の場合と、そのあとのセルを見てください。"),
+    ("Rank r keeps the columns r*in/n to (r+1)*in/n of the weight and reads only the matching input features. Its "
+     "product is a partial sum: adding all ranks' partial sums (an all-reduce) gives x @ W.T, and the bias is "
+     "added once, after the sum.",
+     "ランク r は重みの r*in/n から (r+1)*in/n 列目を持ち、対応する入力の特徴だけを読みます。その積は部分和で、"
+     "全ランクの部分和を足す（オールリデュース）と x @ W.T になります。バイアスは合計のあとに 1回だけ足します。"),
+    ("step = linear.in_features // world; part = x[..., rank*step:(rank+1)*step] @ "
+     "linear.weight[:, rank*step:(rank+1)*step].T; dist.all_reduce(part); return part + linear.bias.",
+     "step = linear.in_features // world; part = x[..., rank*step:(rank+1)*step] @ "
+     "linear.weight[:, rank*step:(rank+1)*step].T; dist.all_reduce(part); return part + linear.bias。"),
+], mistakes={
+    "bias_every_rank": ("The bias was added on every rank before the sum, so the output holds it world-size times: "
+                        "add it once, after the all-reduce.",
+                        "合計の前に各ランクでバイアスを足したため、出力にはバイアスがワールドサイズ回入っています。"
+                        "オールリデュースのあとに 1回だけ足してください。"),
+    "missing_all_reduce": ("The output is this rank's partial sum: add the partial sums of all ranks with "
+                           "dist.all_reduce.",
+                           "出力がこのランクの部分和のままです。dist.all_reduce で全ランクの部分和を足してください。"),
+    "whole_input": ("Every rank computed the whole product, so the sum counts it world-size times: each rank takes "
+                    "only its slice of the input features and of the weight's columns.",
+                    "各ランクが積全体を計算したため、合計では積がワールドサイズ回数えられています。各ランクは入力の特徴と"
+                    "重みの列の自分のスライスだけを使います。"),
+})
+def check_10_1(answer, nproc=2):
+    """Compare both ranks' outputs with nn.Linear on a 2-D and a 3-D input. Explained in 10_model_parallel."""
+    values = run_child(answer, row_child, nproc)
+    for rank, v in enumerate(values):
+        for case in v["cases"]:
+            if close(case["got"], case["expected"], 1e-9, 1e-9):
+                continue
+            shape = tuple(case["expected"].shape)
+            where = tr(f"Rank {rank}'s output for an input of shape {shape[:-1] + (8,)}",
+                       f"入力の形状が {shape[:-1] + (8,)} のときのランク {rank} の出力")
+            key = row_key(case, v["world"]) if isinstance(case["got"], torch.Tensor) else "shape"
+            return wrong(mismatch_text(where, first_mismatch(case["got"], case["expected"], 1e-9, 1e-9)), key)
+    return right(tr(f"On {nproc} ranks the row-parallel layer equals nn.Linear, for 2-D and 3-D inputs.",
+                    f"{nproc}ランクで、2次元と 3次元の入力のどちらでも行並列の層が nn.Linear と一致しました。"))
+
+
+# ---- 10.2: the 1F1B order of a stage -------------------------------------------------------------------------------
+def order_1f1b(stage, num_stages, micro_batches):
+    """The reference order of ``Schedule1F1B`` on one stage. For check authors: see the package docstring."""
+    warmup = min(micro_batches, num_stages - stage)
+    order, forward = [("F", i) for i in range(warmup)], warmup
+    for backward in range(micro_batches):
+        order.append(("B", backward))
+        if forward < micro_batches:
+            order.append(("F", forward))
+            forward += 1
+    return order
+
+
+def order_key(got, stage, p, m):
+    """The likely mistake behind a wrong 1F1B order. For check authors: see the package docstring."""
+    if got == [("F", i) for i in range(m)] + [("B", i) for i in range(m)]:
+        return "gpipe"
+    warmup = next((i for i, (kind, _) in enumerate(got) if kind == "B"), len(got))
+    expected = min(m, p - stage)
+    if warmup in (expected - 1, expected + 1):
+        return "warmup_count"
+    if warmup == min(m, p) and stage > 0:
+        return "stage_ignored"
+    return None
+
+
+@exercise("10.2", title=("The 1F1B order of a stage", "ステージの 1F1B の順序"), hints=[
+    ("Look at the section 'Pipelines across processes': what does `Schedule1F1B` do differently from "
+     "`ScheduleGPipe`, and how many micro-batches does a rank hold at most?",
+     "「プロセスをまたぐパイプライン」の節を見てください。`Schedule1F1B` は `ScheduleGPipe` と何が違い、1つのランクが"
+     "同時に持つマイクロバッチは最大でいくつでしょうか。"),
+    ("Three phases. Warm-up: forwards until the first gradient can come back; the last stage needs 1, each stage "
+     "before it one more (never more than m). Then one backward, one forward, in turn, while forwards remain. "
+     "Then the remaining backwards. Micro-batches go in order in both directions.",
+     "3つの段階があります。ウォームアップでは、最初の勾配が戻ってこられるようになるまで順伝播をします。最後のステージは"
+     "1回、その手前のステージは 1回ずつ多く必要です（ただし m を超えません）。次に、順伝播が残っている間は逆伝播と"
+     "順伝播を 1回ずつ交互に行い、最後に残りの逆伝播を行います。マイクロバッチはどちらの向きでも番号順です。"),
+    ("warmup = min(m, p - stage): ('F', 0) ... ('F', warmup - 1); then for b in range(m): ('B', b) and, if a "
+     "forward is left, the next ('F', f).",
+     "warmup = min(m, p - stage) として ('F', 0) ... ('F', warmup - 1) を並べ、b を range(m) で回しながら "
+     "('B', b) と、順伝播が残っていれば次の ('F', f) を加えます。"),
+], mistakes={
+    "gpipe": ("That is GPipe's order: all forwards, then all backwards. 1F1B starts the backward passes as soon as "
+              "the first gradient arrives.",
+              "それは GPipe の順序です（すべての順伝播のあとにすべての逆伝播）。1F1B は最初の勾配が届きしだい逆伝播を"
+              "始めます。"),
+    "warmup_count": ("The warm-up has one forward too many or too few: stage s runs min(m, p - s) forwards before "
+                     "its first backward (the last stage just one).",
+                     "ウォームアップの順伝播が 1回多いか少ないです。ステージ s は最初の逆伝播の前に min(m, p - s) 回の"
+                     "順伝播を行います（最後のステージは 1回だけ）。"),
+    "stage_ignored": ("Every stage warms up alike: the later a stage, the sooner its first gradient comes back "
+                      "(min(m, p - s) forwards).",
+                      "どのステージも同じようにウォームアップしています。後ろのステージほど最初の勾配が早く戻ってきます"
+                      "（順伝播は min(m, p - s) 回）。"),
+})
+def check_10_2(answer):
+    """Compare the order of every stage of several pipelines (p = 1 to 5, m = p to 9) with 1F1B's rules.
+    Explained in 10_model_parallel."""
+    cases = [(s, p, m) for p in (1, 2, 3, 4, 5) for m in sorted({p, p + 1, 2 * p, 9}) for s in range(p)]
+    for stage, p, m in cases:
+        got = call(answer, stage, p, m)
+        try:
+            got = [(str(kind), int(i)) for kind, i in got]
+        except (TypeError, ValueError):
+            return wrong(tr(f"Your function returned {got!r}; return a list of ('F', i) and ('B', i) pairs.",
+                            f"戻り値が {got!r} です。('F', i) と ('B', i) の組のリストを返してください。"), "shape")
+        if got == order_1f1b(stage, p, m):
+            continue
+        return wrong(tr(f"Stage {stage} of {p} with {m} micro-batches: your order is {got}.",
+                        f"{p}ステージ中のステージ {stage}、マイクロバッチ {m}個: あなたの順序は {got} です。"),
+                     order_key(got, stage, p, m))
+    return right(tr(f"Every stage's order agrees with 1F1B's rules in {len(cases)} cases.",
+                    f"{len(cases)}通りで、どのステージの順序も 1F1B の規則と一致しました。"))
+
+
+# ---- 10.3: the bubble ------------------------------------------------------------------------------------------
+@exercise("10.3", title=("The bubble", "バブル"), hints=[
+    ("Look at the section 'The bubble, measured' and the summary.", "「バブルの測定」の節とまとめを見てください。"),
+    ("Each of the p ranks is busy for m micro-batches' worth of work out of a step that lasts m + p - 1 of them; "
+     "the bubble is the idle share of the step.",
+     "p 個の各ランクは、マイクロバッチ m + p - 1 個分の長さのステップのうち、m 個分だけ働きます。バブルはステップのうち"
+     "働いていない割合です。"),
+    ("idle / total = (p - 1) / (m + p - 1).", "idle / total = (p - 1) / (m + p - 1)。"),
+], mistakes={
+    "over_busy": ("Your value divides the idle time by the busy time (p - 1) / m: the bubble is a share of the "
+                  "whole step, m + p - 1.",
+                  "働いていない時間を働いている時間で割っています（(p - 1) / m）。バブルはステップ全体 m + p - 1 に"
+                  "対する割合です。"),
+    "p_not_p_minus_1": ("The first micro-batch needs p - 1 steps, not p, to reach the last stage.",
+                        "最初のマイクロバッチが最後のステージに届くのに必要なのは p ステップではなく p - 1 ステップです。"),
+})
+def check_10_3(answer, points=40, seed=0):
+    """Compare with the bubble formula at random points. Explained in 10_model_parallel."""
+    rng = random.Random(seed)
+    hypotheses = {"over_busy": lambda p, m: (p - 1) / m, "p_not_p_minus_1": lambda p, m: p / (m + p)}
+    first, fits = None, dict.fromkeys(hypotheses, True)
+    for _ in range(points):
+        p, m = rng.randint(2, 64), rng.randint(1, 256)
+        got = call(answer, p, m)
+        for key, formula in hypotheses.items():
+            fits[key] = fits[key] and near(got, formula(p, m), 1e-9)
+        if first is None and not near(got, bubble_formula(p, m), 1e-9):
+            first = tr(f"{p} stages, {m} micro-batches: your bubble is {got!r}.",
+                       f"{p}ステージ、マイクロバッチ {m}個: あなたのバブルは {got!r} です。")
+    if first is None:
+        return right(tr(f"The bubble agrees at {points} random points.", f"ランダムな {points}点でバブルが一致しました。"))
+    return wrong(first, next((key for key, ok in fits.items() if ok), None))
