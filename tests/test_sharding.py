@@ -1,6 +1,7 @@
-"""mparlib.sharding and mparlib.sharded_checkpoint: the memory arithmetic, ZeRO from primitives against DDP and one
-process, FSDP2 against one process, and sharded checkpoints that reshard (2 ranks -> 4 ranks -> 1 process) and
-survive a killed save.
+"""mparlib.sharding and mparlib.sharded_checkpoint: the memory arithmetic, ZeRO-1 and ZeRO-2 from primitives against
+DDP and one process, the peak memory per rank of DDP, ZeRO-1, ZeRO-2 and FSDP2, FSDP2 (with gradient accumulation,
+explicit forward prefetch, and as HSDP on a 2 x 2 mesh) against one process, the choice of collective names by torch
+release, and sharded checkpoints that reshard (2 ranks -> 4 ranks -> 1 process) and survive a killed save.
 
 The ranks run on the CPU with gloo (the workers live in tests/sharding_workers.py). Every comparison is against a
 reference computed by PyTorch itself: DistributedDataParallel with the same optimizer, or the same model trained in

@@ -522,7 +522,7 @@ print(col(tr("method", "方式"), 25)
       + col(tr("collectives of one step (calls x, bytes)", "1ステップの集合通信（回数、バイト数）"), 64)
       + col(tr("ms per step", "ステップあたり ms"), 18, True))
 for name, r in zero.items():
-    calls = ", ".join(f"{KINDS[kind]} {c['calls']}x {c['bytes']:,}" for kind, c in r["collectives"].items())
+    calls = tr(", ", "、").join(f"{KINDS[kind]} {c['calls']}x {c['bytes']:,}" for kind, c in r["collectives"].items())
     print(f"{name:<25}" + col(calls, 64) + f"{1000 * statistics.median(r['seconds'][1:]):>18.1f}")
 
 # %%
@@ -958,7 +958,7 @@ print()
 print(tr("at ZeRO-2's and FSDP2's peak on 4 ranks (rank 0):", "ランク 4個での ZeRO-2 と FSDP2 のピークの内訳（ランク 0）:"))
 for m in ("ZeRO-2", "FSDP2"):
     at, after = peaks[4][m]["per_rank"][0]["parts"], peaks[4][m]["per_rank"][0]["after"]
-    print(f"  {m:<7}" + ", ".join(f"{names[k]} {at[k]:,}" for k in parts)
+    print(f"  {m:<7}" + tr(", ", "、").join(f"{names[k]} {at[k]:,}" for k in parts)
           + tr(f"; after the step {sum(after.values()):,} in all", f"。ステップのあとは合計 {sum(after.values()):,}"))
 
 # %%
@@ -1155,10 +1155,13 @@ for label, losses in ((tr("FSDP, 2 ranks, 2 micro-batches", "FSDP、ランク 2�
                        fsdp4["losses_accumulated"]),
                       (tr("HSDP, 4 ranks on a 2 x 2 mesh", "HSDP、ランク 4個、2 × 2 のメッシュ"), fsdp4["losses_hsdp"])):
     print(col(label, 44) + f"{tr('largest difference', '差の最大値')} {loss_gap(losses):.1e}")
+def call_counts(log):
+    return tr(", ", "、").join(f"{KINDS[k]} {c['calls']}x" for k, c in log.items())
+
+
 print(tr("collectives of one accumulated step, 2 ranks:", "累積した 1ステップの集合通信（ランク 2個）:"),
-      {KINDS[k]: c["calls"] for k, c in fsdp2["collectives_accumulated"].items()})
-print(tr("collectives of one HSDP step:", "HSDP の 1ステップの集合通信:"),
-      {KINDS[k]: c["calls"] for k, c in fsdp4["collectives_hsdp"].items()})
+      call_counts(fsdp2["collectives_accumulated"]))
+print(tr("collectives of one HSDP step:", "HSDP の 1ステップの集合通信:"), call_counts(fsdp4["collectives_hsdp"]))
 placements, local = fsdp4["hsdp_placements"]
 print(tr(f"HSDP: blocks.0.attn.q.weight placements {placements}, each rank stores {tuple(local)}",
          f"HSDP: blocks.0.attn.q.weight の配置 {placements}。各ランクが保存するのは {tuple(local)}"))
