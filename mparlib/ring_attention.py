@@ -7,10 +7,12 @@ results together with the log-sum-exp rule of online softmax (:func:`merge`). Th
 pass in which the key/value gradients travel with their blocks and arrive back home. Causal attention skips the
 blocks that lie wholly in a query's future; :func:`chunks_of` says which part of the sequence a rank holds, either
 one contiguous slice (``"contiguous"``, unbalanced under a causal mask) or two chunks of ``2N``, ``r`` and
-``2N - 1 - r`` (``"balanced"``, the head-tail split of Megatron-LM and PyTorch). Explained in
-11_sequence_context_experts.
+``2N - 1 - r`` (``"balanced"``, the head-tail split of Megatron-LM and PyTorch).
+Explained in 11_sequence_context_experts.
 """
 import math
+import statistics
+import time
 
 import torch
 import torch.distributed as dist
@@ -255,3 +257,122 @@ class SavedBytes:
     def __exit__(self, *exc):
         self.hooks.__exit__(*exc)
         return False
+
+
+def _gather_objects(obj, group=None):
+    """``[obj of rank 0, obj of rank 1, ...]`` on every rank; ``[obj]`` outside a process group."""
+    if _place(group)[1] == 1:
+        return [obj]
+    every = [None] * dist.get_world_size(group)
+    dist.all_gather_object(every, obj, group=group)
+    return every
+
+
+def _inputs(length, batch, heads, dim, dtype, device, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.randn(batch, heads, length, dim, generator=generator, dtype=dtype).to(device) for _ in range(3)]
+
+
+def measure_memory(lengths=(16, 196, 784), batch=8, heads=4, dim=16, dtype=torch.float32, device="cpu"):
+    """Per rank, per length: attention's bytes saved for backward and its largest score block. Explained in 11_sequence_context_experts.
+
+    Activation bytes = what autograd keeps for the backward pass (counted by :class:`SavedBytes`: this rank's q, k,
+    v, output and log-sum-exp) + the largest block of scores that exists at one time during the forward pass
+    (``B * H * (T / N)^2`` elements for the non-causal ring). Returns ``[{length: {...}} for each rank]``.
+    """
+    rank, world = _place(None)
+    out = {}
+    for length in lengths:
+        q, k, v = (shard_sequence(t, rank, world).requires_grad_() for t in _inputs(length, batch, heads, dim,
+                                                                                    dtype, device))
+        stats = {}
+        with SavedBytes() as saved:
+            ring_attention(q, k, v, stats=stats)
+        block = stats["largest_block"] * q.element_size()
+        out[length] = {"saved_bytes": saved.bytes, "score_block_bytes": block, "activation_bytes": saved.bytes + block}
+    return _gather_objects(out)
+
+
+def _timed(fn, repeats, min_seconds=0.0, group=None):
+    """(median, min, max) of the slowest rank's seconds for ``fn()``: at least ``repeats`` runs and ``min_seconds``.
+
+    Each run starts after a barrier; the stopping rule reads only the all-reduced times, so every rank stops together.
+    """
+    world = _place(group)[1]
+    fn()  # warm-up
+    times = []
+    while len(times) < repeats or sum(times) < min_seconds:
+        if world > 1:
+            dist.barrier(group)
+        start = time.perf_counter()
+        fn()
+        elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+        if world > 1:
+            dist.all_reduce(elapsed, op=dist.ReduceOp.MAX, group=group)
+        times.append(elapsed.item())
+    return statistics.median(times), min(times), max(times)
+
+
+def measure_overlap(length=784, batch=8, heads=4, dim=16, repeats=5, min_seconds=0.0, device="cpu"):
+    """Time per ring step of the forward pass: compute alone, send/recv alone, both. Explained in 11_sequence_context_experts.
+
+    ``compute``: this rank's N blocks of attention and merges with no message sent; ``communication``: the N - 1
+    moves of the key/value blocks with no compute; ``ring``: :func:`ring_attention` itself. Each is the median of
+    ``repeats`` runs (slowest rank, seconds) divided by N; ``hidden`` is the share of the communication time that
+    the ring did not add to the compute time, ``(compute + communication - ring) / communication``.
+    """
+    rank, world = _place(None)
+    q, k, v = (shard_sequence(t, rank, world) for t in _inputs(length, batch, heads, dim, torch.float32, device))
+
+    def compute():
+        out, lse = block_attention(q, k, v)
+        for _ in range(world - 1):
+            out, lse = merge(out, lse, *block_attention(q, k, v))
+
+    def communication():
+        kv = (k, v)
+        for _ in range(world - 1):
+            kv, requests = ring_exchange(kv)
+            for request in requests:
+                request.wait()
+
+    with torch.no_grad():
+        result = {"compute": _timed(compute, repeats, min_seconds),
+                  "communication": _timed(communication, repeats, min_seconds),
+                  "ring": _timed(lambda: ring_attention(q, k, v), repeats, min_seconds)}
+    ms = {name: [1000 * t / world for t in times] for name, times in result.items()}
+    comm = ms["communication"][0]
+    hidden = (ms["compute"][0] + comm - ms["ring"][0]) / comm if world > 1 and comm > 0 else None
+    return {"ms_per_step": ms, "hidden": hidden, "ranks": world, "seq_len": length,
+            "bytes_per_step": 2 * q.numel() * q.element_size()}
+
+
+def measure_balance(length=784, batch=8, heads=4, dim=16, repeats=5, device="cpu"):
+    """Per rank, for each split: causal score elements and compute time of its blocks. Explained in 11_sequence_context_experts.
+
+    The compute is timed alone (this rank's blocks of every ring step, forward, no messages), so a rank's time is its
+    own work, not its wait for the others. Returns ``{split: [{"score_elements", "ms"} for each rank]}``.
+    """
+    rank, world = _place(None)
+    report = {}
+    for split in SPLITS:
+        q, k, v = (shard_sequence(t, rank, world, split) for t in _inputs(length, batch, heads, dim, torch.float32,
+                                                                         device))
+        count = len(chunks_of(rank, world, split)[0])
+        blocks = [pair for step in range(world) for pair in _pairs(rank, (rank - step) % world, world, split, True)]
+
+        def work():
+            for a, b, diagonal in blocks:
+                block_attention(_slice(q, a, count), _slice(k, b, count), _slice(v, b, count), diagonal=diagonal)
+
+        elements = sum(_slice(q, a, count).shape[2] * _slice(k, b, count).shape[2] for a, b, _ in blocks)
+        with torch.no_grad():
+            work()
+            times = []
+            for _ in range(repeats):
+                start = time.perf_counter()
+                work()
+                times.append(time.perf_counter() - start)
+        mine = {"score_elements": batch * heads * elements, "ms": 1000 * statistics.median(times)}
+        report[split] = _gather_objects(mine)
+    return report
