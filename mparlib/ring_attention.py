@@ -293,33 +293,38 @@ def measure_memory(lengths=(16, 196, 784), batch=8, heads=4, dim=16, dtype=torch
     return _gather_objects(out)
 
 
-def _timed(fn, repeats, min_seconds=0.0, group=None):
-    """(median, min, max) of the slowest rank's seconds for ``fn()``: at least ``repeats`` runs and ``min_seconds``.
+def _timed(fns, repeats, min_seconds=0.0, group=None):
+    """{name: (median, min, max)} of the slowest rank's seconds for each ``fns[name]()``, run in turn, round by round.
 
-    Each run starts after a barrier; the stopping rule reads only the all-reduced times, so every rank stops together.
+    Each round runs every function once, each after a barrier, so that a change in the machine's load falls on all
+    of them alike; at least ``repeats`` rounds and ``min_seconds`` of them. The stopping rule reads only the
+    all-reduced times, so every rank stops together.
     """
     world = _place(group)[1]
-    fn()  # warm-up
-    times = []
-    while len(times) < repeats or sum(times) < min_seconds:
-        if world > 1:
-            dist.barrier(group)
-        start = time.perf_counter()
-        fn()
-        elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
-        if world > 1:
-            dist.all_reduce(elapsed, op=dist.ReduceOp.MAX, group=group)
-        times.append(elapsed.item())
-    return statistics.median(times), min(times), max(times)
+    for fn in fns.values():
+        fn()  # warm-up
+    times = {name: [] for name in fns}
+    while len(times[next(iter(fns))]) < repeats or sum(map(sum, times.values())) < min_seconds:
+        for name, fn in fns.items():
+            if world > 1:
+                dist.barrier(group)
+            start = time.perf_counter()
+            fn()
+            elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+            if world > 1:
+                dist.all_reduce(elapsed, op=dist.ReduceOp.MAX, group=group)
+            times[name].append(elapsed.item())
+    return {name: (statistics.median(t), min(t), max(t)) for name, t in times.items()}
 
 
 def measure_overlap(length=784, batch=8, heads=4, dim=16, repeats=5, min_seconds=0.0, device="cpu"):
     """Time per ring step of the forward pass: compute alone, send/recv alone, both. Explained in 11_sequence_context_experts.
 
     ``compute``: this rank's N blocks of attention and merges with no message sent; ``communication``: the N - 1
-    moves of the key/value blocks with no compute; ``ring``: :func:`ring_attention` itself. Each is the median of
-    ``repeats`` runs (slowest rank, seconds) divided by N; ``hidden`` is the share of the communication time that
-    the ring did not add to the compute time, ``(compute + communication - ring) / communication``.
+    moves of the key/value blocks with no compute; ``ring``: :func:`ring_attention` itself. Each is (median, min,
+    max) over ``repeats`` rounds (slowest rank) divided by N, in ms. ``exposed``: what the ring adds to the compute,
+    ``max(0, ring - compute)``; ``hidden``: the share of the communication that it did not add,
+    ``1 - exposed / communication``, clipped to [0, 1] (None on one process).
     """
     rank, world = _place(None)
     q, k, v = (shard_sequence(t, rank, world) for t in _inputs(length, batch, heads, dim, torch.float32, device))
@@ -337,13 +342,12 @@ def measure_overlap(length=784, batch=8, heads=4, dim=16, repeats=5, min_seconds
                 request.wait()
 
     with torch.no_grad():
-        result = {"compute": _timed(compute, repeats, min_seconds),
-                  "communication": _timed(communication, repeats, min_seconds),
-                  "ring": _timed(lambda: ring_attention(q, k, v), repeats, min_seconds)}
+        result = _timed({"compute": compute, "communication": communication,
+                         "ring": lambda: ring_attention(q, k, v)}, repeats, min_seconds)
     ms = {name: [1000 * t / world for t in times] for name, times in result.items()}
-    comm = ms["communication"][0]
-    hidden = (ms["compute"][0] + comm - ms["ring"][0]) / comm if world > 1 and comm > 0 else None
-    return {"ms_per_step": ms, "hidden": hidden, "ranks": world, "seq_len": length,
+    comm, exposed = ms["communication"][0], max(0.0, ms["ring"][0] - ms["compute"][0])
+    hidden = min(1.0, max(0.0, 1 - exposed / comm)) if world > 1 and comm > 0 else None
+    return {"ms_per_step": ms, "exposed_ms": exposed, "hidden": hidden, "ranks": world, "seq_len": length,
             "bytes_per_step": 2 * q.numel() * q.element_size()}
 
 

@@ -59,10 +59,11 @@ class Attention(nn.Module):
     heads' tokens, ``F.scaled_dot_product_attention`` unless replaced: context parallelism sets it to ring attention.
     """
 
+    attend = staticmethod(F.scaled_dot_product_attention)  # (B, heads, T, d) x 3 -> (B, heads, T, d)
+
     def __init__(self, dim, heads):
         super().__init__()
         self.heads = heads
-        self.attend = F.scaled_dot_product_attention  # (B, heads, T, d) x 3 -> (B, heads, T, d)
         self.q, self.k, self.v = (nn.Linear(dim, dim) for _ in range(3))
         self.out = nn.Linear(dim, dim)
 

@@ -135,3 +135,16 @@ def test_saved_bytes_per_rank_shrink_by_the_number_of_ranks(ring_report):
         for length, (saved, block) in per_rank.items():
             assert saved * world == one[length][0], (world, length)
             assert block * world ** 2 == one[length][1], (world, length)
+
+
+def test_vit_attend_hook_and_tokens_keep_the_model_unchanged():
+    from mparlib.vit import vit
+
+    torch.manual_seed(0)
+    model = vit("smoke", patch=7).double()
+    x = torch.rand(3, 1, 28, 28, dtype=torch.float64)
+    ref = model(x)
+    assert model.tokens(x).shape == (3, 16, 64)
+    for block in model.blocks:
+        block.attn.attend = ring_attention  # outside a process group: the whole sequence as one block
+    torch.testing.assert_close(model(x), ref, rtol=TIGHT, atol=TIGHT)
