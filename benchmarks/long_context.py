@@ -72,7 +72,8 @@ def sdpa_rows(h):
 
 
 def run(fn, n, backend, **kwargs):
-    return fn(**kwargs) if n == 1 else launch(fn, n, kwargs=kwargs, backend=backend, echo=False, timeout=900)
+    """``fn`` on ``n`` new processes, one process too, so that every world size gets the launcher's thread count."""
+    return launch(fn, n, kwargs=kwargs, backend=backend, echo=False, timeout=900)
 
 
 def ring_rows(h, backend):
