@@ -23,6 +23,7 @@ processes than cores, times are noisy: read them with the load average recorded 
 
     python benchmarks/long_context.py            # lengths 16, 196, 784 on 1, 2 and 4 processes
     python benchmarks/long_context.py --quick    # fewer repeats: a short check that it all runs
+    python benchmarks/long_context.py --threads 1   # one thread per rank (a machine busy with other work)
 Writes benchmarks/results/long_context-<host>-<date>.json (long_context-quick-... with --quick).
 """
 import argparse
@@ -52,6 +53,7 @@ HYPER = {
     "repeats": 10,
     "min_seconds": 2.0,
     "balance_length": 784,
+    "threads_per_rank": None,  # None: the launcher's default, cores // N; 1 on a machine busy with other work
     "goal_memory_ratio": 1.15,  # activation bytes per rank <= ratio x one process / N at the longest length
     "goal_balance": 1.15,  # balanced causal split: slowest rank <= 1.15 x mean compute time
 }
@@ -71,19 +73,19 @@ def sdpa_rows(h):
     return rows
 
 
-def run(fn, n, backend, **kwargs):
-    """``fn`` on ``n`` new processes, one process too, so that every world size gets the launcher's thread count."""
-    return launch(fn, n, kwargs=kwargs, backend=backend, echo=False, timeout=900)
+def run(fn, n, backend, threads, **kwargs):
+    """``fn`` on ``n`` new processes, one process too, so that every world size gets the same kind of process."""
+    return launch(fn, n, kwargs=kwargs, backend=backend, threads=threads, echo=False, timeout=900)
 
 
 def ring_rows(h, backend):
     shape = dict(batch=h["batch"], heads=h["heads"], dim=h["head_dim"])
     rows, balance = [], {}
     for n in h["worlds"]:
-        memory = run(measure_memory, n, backend, lengths=tuple(h["lengths"]), **shape)
+        memory = run(measure_memory, n, backend, h["threads_per_rank"], lengths=tuple(h["lengths"]), **shape)
         for length in h["lengths"]:
-            t = run(measure_overlap, n, backend, length=length, repeats=h["repeats"], min_seconds=h["min_seconds"],
-                    **shape)
+            t = run(measure_overlap, n, backend, h["threads_per_rank"], length=length, repeats=h["repeats"],
+                    min_seconds=h["min_seconds"], **shape)
             largest = max(memory, key=lambda m: m[length]["activation_bytes"])[length]
             rows.append({"ranks": n, "seq_len": length, "method": "ring",
                          "activation_bytes_per_rank": largest["activation_bytes"],
@@ -95,7 +97,8 @@ def ring_rows(h, backend):
                          "communication_ms_per_step": t["ms_per_step"]["communication"],
                          "hidden_share_of_communication": t["hidden"], "bytes_sent_per_step": t["bytes_per_step"]})
         if n > 1:
-            balance[n] = run(measure_balance, n, backend, length=h["balance_length"], repeats=h["repeats"], **shape)
+            balance[n] = run(measure_balance, n, backend, h["threads_per_rank"], length=h["balance_length"],
+                             repeats=h["repeats"], **shape)
     return rows, balance
 
 
@@ -132,9 +135,10 @@ def goals(rows, balance, h):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="fewer repeats: a short check that it all runs")
+    ap.add_argument("--threads", type=int, default=None, help="threads per rank (default: cores // N)")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     args = ap.parse_args(argv)
-    h = dict(HYPER, **(QUICK if args.quick else {}))
+    h = dict(HYPER, **(QUICK if args.quick else {}), threads_per_rank=args.threads)
     backend = "nccl" if num_gpus() >= max(h["worlds"]) else "gloo"
     t0, start = time.time(), record.machine()
     rows, balance = ring_rows(h, backend)

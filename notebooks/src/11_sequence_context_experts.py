@@ -457,10 +457,12 @@ for n, report in cp_reports.items():
 # <!-- en -->
 # The element counts are exact: with the contiguous split rank `r` computes `r + 1` blocks (the last one half
 # masked), so the last rank does `N` times the first one's work; with the balanced split every rank computes the
-# same number. The times follow the counts when each process has a core of its own; with 4 processes on 2 cores,
-# or on a machine busy with other work, they are noisy, which is why the chapter asserts the counts and only prints
-# the times. (The balanced split also computes fewer elements in total: its diagonal blocks are half the size, so
-# less work is wasted on masked entries.)
+# same number. The counts are a proxy, not a clock: a diagonal block costs more per element than a full one (it
+# also builds and applies the mask), and on a machine whose cores are shared by more processes than it has, or busy
+# with other work, the times are noisy enough to hide even a factor of two. That is why the chapter asserts the
+# counts and only prints the times; `benchmarks/long_context.py` records them with the machine's load beside them.
+# (The balanced split also computes fewer elements in total: its diagonal blocks are half the size, so less work is
+# wasted on masked entries.)
 #
 # ## Training a Vision Transformer with context parallelism
 #
@@ -482,7 +484,7 @@ for n, report in cp_reports.items():
 # parity with one process is checked in this notebook from the first losses, and the learning from the curve and
 # the test accuracy.
 # <!-- ja -->
-# 要素の数は正確です。連続した分割では、ランク `r` は `r + 1` 個のブロックを計算します（最後の 1つは半分がマスクされています）。そのため最後のランクは最初のランクの `N` 倍の仕事をします。負荷を均した分割では、どのランクも同じ数を計算します。時間は、プロセスごとにコアが 1つあれば要素の数に従います。2コアで 4個のプロセスを動かすときや、他の仕事で忙しいマシンでは、ばらつきます。そのためこの章では、要素の数を検査し、時間は表示するだけにしています（負荷を均した分割は、計算する要素の合計も少なくなります。対角のブロックが半分の大きさなので、マスクされる要素に費やす無駄な計算が減るからです）。
+# 要素の数は正確です。連続した分割では、ランク `r` は `r + 1` 個のブロックを計算します（最後の 1つは半分がマスクされています）。そのため最後のランクは最初のランクの `N` 倍の仕事をします。負荷を均した分割では、どのランクも同じ数を計算します。要素の数は仕事量の目安であって、時計ではありません。対角のブロックは、マスクを作って適用する分だけ、要素 1つあたりの費用が完全なブロックより高くなります。また、コアの数より多いプロセスがコアを分け合うマシンや、他の仕事で忙しいマシンでは、時間のばらつきが 2倍の差さえ隠してしまいます。そのためこの章では、要素の数を検査し、時間は表示するだけにしています。`benchmarks/long_context.py` は、時間をマシンの負荷と一緒に記録します（負荷を均した分割は、計算する要素の合計も少なくなります。対角のブロックが半分の大きさなので、マスクされる要素に費やす無駄な計算が減るからです）。
 #
 # ## コンテキスト並列での Vision Transformer の訓練
 #
