@@ -55,8 +55,11 @@ class Attention(nn.Module):
 
     ``(B, T, dim) -> (B, T, dim)``. The projections are kept apart (not one fused ``qkv`` matrix) so that tensor
     parallelism can split them by heads: ``q``, ``k``, ``v`` by output columns and ``out`` by input rows. A rank
-    that holds ``heads / n`` of the heads sets ``heads`` to that number.
+    that holds ``heads / n`` of the heads sets ``heads`` to that number. ``attend`` is the function that mixes the
+    heads' tokens, ``F.scaled_dot_product_attention`` unless replaced: context parallelism sets it to ring attention.
     """
+
+    attend = staticmethod(F.scaled_dot_product_attention)  # (B, heads, T, d) x 3 -> (B, heads, T, d)
 
     def __init__(self, dim, heads):
         super().__init__()
@@ -69,7 +72,7 @@ class Attention(nn.Module):
         # (B, T, dim) -> (B, heads, T, dim / heads)
         split = lambda t: t.view(B, T, self.heads, -1).transpose(1, 2)  # noqa: E731
         q, k, v = split(self.q(x)), split(self.k(x)), split(self.v(x))
-        y = F.scaled_dot_product_attention(q, k, v)  # (B, heads, T, dim / heads)
+        y = self.attend(q, k, v)  # (B, heads, T, dim / heads)
         return self.out(y.transpose(1, 2).reshape(B, T, -1))  # heads side by side again: (B, T, dim)
 
 
@@ -115,8 +118,12 @@ class ViT(nn.Module):
         self.head = nn.Linear(c.dim, c.classes)
         nn.init.normal_(self.pos, std=0.02)
 
+    def tokens(self, x):
+        """Images ``(B, 1, 28, 28)`` -> tokens ``(B, T, dim)``: patch embedding plus position. Explained in 11_sequence_context_experts."""
+        return self.embed(x).flatten(2).transpose(1, 2) + self.pos
+
     def forward(self, x):
-        x = self.embed(x).flatten(2).transpose(1, 2) + self.pos  # (B, 1, 28, 28) -> (B, 49, dim)
+        x = self.tokens(x)  # (B, 1, 28, 28) -> (B, 49, dim) with 4x4 patches
         for block in self.blocks:
             x = block(x)
         return self.head(self.norm(x).mean(dim=1))  # (B, classes)
