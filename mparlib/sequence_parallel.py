@@ -9,6 +9,8 @@ forward, reduce-scatter backward) entering a region and :func:`scatter_sequence`
 all-gather backward) leaving it. :func:`split_block` cuts an :class:`mparlib.vit.Block` this way.
 Explained in 11_sequence_context_experts.
 """
+import copy
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -125,10 +127,10 @@ class SequenceParallelBlock(nn.Module):
         super().__init__()
         self.group = group
         self.norm1, self.norm2 = block.norm1, block.norm2
-        self.attn = split_attention(block.attn, group)
-        self.attn.out = RowParallelLinear(block.attn.out, group, reduce=scatter_sequence)
-        for name in ("q", "k", "v"):  # the gathered input is whole on every rank: no f needed
+        self.attn = split_attention(block.attn, group)  # this rank's heads; then q, k, v without f, out without g:
+        for name in ("q", "k", "v"):  # the gathered input is whole on every rank, so its gradient needs no f
             setattr(self.attn, name, ColumnParallelLinear(getattr(block.attn, name), group, copy_input=False))
+        self.attn.out = RowParallelLinear(block.attn.out, group, reduce=scatter_sequence)
         mlp = type(block.mlp).__new__(type(block.mlp))
         nn.Module.__init__(mlp)
         mlp.fc1 = ColumnParallelLinear(block.mlp.fc1, group, copy_input=False)
@@ -150,8 +152,6 @@ def split_block(block, group=None):
     ``block`` (identical on every rank) is left as it is: the split block copies what it keeps. Per block, forward:
     2 all-gathers and 2 reduce-scatters; backward the same, mirrored; no all-reduce.
     """
-    import copy
-
     for name in ("norm1", "attn", "norm2", "mlp"):
         if not isinstance(getattr(block, name, None), nn.Module):
             raise ConfigError(tr(f"split_block expects an mparlib.vit.Block (norm1, attn, norm2, mlp); "

@@ -28,7 +28,8 @@ def layer_vs_one_process(capacity_factor, experts=8, k=2, dim=8, hidden=16, toke
     y = part(x_mine)
     (y * w[rank]).sum().backward()
     dist.all_reduce(part.router.weight.grad)  # the router is replicated: its gradient sums every rank's tokens
-    grads = {f"experts.{part.first + i}.{n}": p.grad for i, e in enumerate(part.experts) for n, p in e.named_parameters()}
+    grads = {f"experts.{part.first + i}.{n}": p.grad
+             for i, e in enumerate(part.experts) for n, p in e.named_parameters()}
     grads["router.weight"] = part.router.weight.grad
     ref = dict(full.named_parameters())
     dropped = torch.tensor([part.last["dropped"]])

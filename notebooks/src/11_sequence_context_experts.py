@@ -1,6 +1,7 @@
 # %% tags=["nbval-ignore-output"]
 import inspect
 import time
+import unicodedata
 
 import matplotlib.pyplot as plt
 import torch
@@ -20,6 +21,13 @@ print(mparlib.report())
 print(mparlib.profile_line())
 PROFILE = mparlib.profile()
 CHAPTER_START = time.perf_counter()
+
+
+def col(text, width, right=False):
+    """``text`` padded to ``width`` columns of a printed table (an East Asian wide character takes two)."""
+    text = str(text)
+    pad = " " * max(0, width - sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text))
+    return pad + text if right else text + pad
 
 # %% [markdown]
 # <!-- en -->
@@ -56,7 +64,7 @@ CHAPTER_START = time.perf_counter()
 # - **領域に入る場所**（もとの `f`）: ブロックはすべてのトークンを必要とするので、順伝播では**シーケンスの向きにオールギャザー**します。逆伝播では、各ランクがすべてのトークンについて部分的な勾配を持ち、必要なのは自分のトークンの和だけなので、**リデュース・スキャッター**です。
 # - **領域から出る場所**（もとの `g`）: 行並列の層の部分和は、このランクのトークンの分だけあれば足ります。順伝播は**リデュース・スキャッター**、逆伝播は勾配の**オールギャザー**です。
 #
-# 通信するバイト数は 10章のオールリデュースと同じです（リングのオールリデュースはちょうどこの 2つの半分からなります）。一方、LayerNorm が計算するのはトークンの `1/n` で、保存する入力も `1/n` です。`mparlib.sequence_parallel` では、この対は `gather_sequence` と `scatter_sequence` です。
+# 通信するバイト数は 10章のオールリデュースと同じです（リングのオールリデュースはちょうどこの 2つの半分でできています）。一方、LayerNorm が計算するのはトークンの `1/n` で、保存する入力も `1/n` です。`mparlib.sequence_parallel` では、この対は `gather_sequence` と `scatter_sequence` です。
 
 # %%
 print(inspect.getsource(sequence_parallel._GatherSequence))
@@ -199,7 +207,7 @@ sp_reports = {n: launch(sequence_checks, n, timeout=300) for n in (2, 4)}
 for n, report in sp_reports.items():
     for version in ("mine", "pytorch"):
         c = report[version]["counts"]
-        print(f"n={n} {tr('from primitives', 'プリミティブ版') if version == 'mine' else 'parallelize_module':<18}",
+        print(f"n={n} " + col(tr("from primitives", "プリミティブ版") if version == "mine" else "parallelize_module", 18),
               tr("forward", "順伝播"), c["forward"], "|", tr("backward", "逆伝播"), c["backward"])
     print(" " * 6 + tr("replicated gradients all-reduced after the backward pass",
                        "逆伝播の後にオールリデュースした複製パラメータの勾配") + f": {report['mine']['synced']}")
@@ -207,7 +215,8 @@ for n, report in sp_reports.items():
 # %% tags=["nbval-ignore-output"]
 for n, report in sp_reports.items():
     for version in ("mine", "pytorch"):
-        print(f"n={n} {version:<8}" + tr("largest difference to the unsplit block", "分割前のブロックとの最大の差")
+        print(f"n={n} " + col(tr("from primitives", "プリミティブ版") if version == "mine" else "parallelize_module", 18)
+              + tr("largest difference to the unsplit block", "分割前のブロックとの最大の差")
               + f": {max(report[version]['diffs'].values()):.1e}")
 
 # %%
@@ -260,13 +269,15 @@ def predicted_saved(n, form, size=4):
     return size * (split / n + 2 * btd + (2 * btd + 4 * bt) / n)
 
 
-print(f"{'n':>2} {tr('form', '方式'):<12} {tr('measured', '測定値'):>12} {tr('predicted', '予想'):>12}  "
-      + tr("of unsplit", "分割前に対する割合"))
+FORMS = {"unsplit": tr("unsplit", "分割なし"), "tensor": tr("tensor parallel", "テンソル並列"),
+         "sequence": tr("sequence parallel", "シーケンス並列")}
+print(f"{'n':>2} " + col(tr("form", "方式"), 18) + col(tr("measured", "測定値"), 13, right=True)
+      + col(tr("predicted", "予想"), 13, right=True) + "  " + tr("of unsplit", "分割なしに対する割合"))
 for n, report in sp_reports.items():
     saved = report["saved"]
-    for form in ("unsplit", "tensor", "sequence"):
-        print(f"{n:>2} {form:<12} {saved[form] / 2**10:>9.1f} KiB {predicted_saved(n, form) / 2**10:>8.1f} KiB  "
-              f"{saved[form] / saved['unsplit']:.0%}")
+    for form, label in FORMS.items():
+        kib, predicted = saved[form] / 2**10, predicted_saved(n, form) / 2**10
+        print(f"{n:>2} " + col(label, 18) + f"{kib:>9.1f} KiB {predicted:>8.1f} KiB  {saved[form] / saved['unsplit']:.0%}")
 for n, report in sp_reports.items():
     if report["device"] == "cpu":  # GPU attention kernels save other tensors than the CPU's
         for form, measured in report["saved"].items():
@@ -382,9 +393,9 @@ assert abs(moe.aux_loss.item() - 4 * (5 / 8 * 5 / 8 + 3 / 8 * 3 / 8)) < 1e-3  # 
 #
 # **エキスパート並列**では、ランク `r`（`n` 個中）はエキスパート `r E / n` から `(r + 1) E / n` と、ルーターのコピーを持ちます。データ並列と同じく、各ランクは自分のトークンを処理します。トークンの行き先のエキスパートはどのランクにもありうるので、層ごとに全ランクが全ランクとトークンを交換します。これが**オールツーオール**（all-to-all）です。`ExpertParallelMoE` は順伝播ごとに 3回、どれも `dist.all_to_all_single` で行います。
 #
-# 1. **個数**: 各ランクは他のランクに、そのランクの各エキスパートへ何行送るかを知らせます（整数 `E` 個）。次のメッセージの大きさは前もってわからず、各ランクは受け取る分の領域を用意しなければならないからです。
-# 2. **配送**（dispatch）: 受け付けたトークンの行を、エキスパート順（つまりランク順）に並べて送ります。分割の大きさは 1 で知らせたものです。
-# 3. **回収**（combine）: エキスパートの出力を、トークンの出どころのランクへ送り返します。分割の大きさは逆になります。
+# 1. まず**個数**: 各ランクは他のランクに、そのランクの各エキスパートへ何行送るかを知らせます（整数 `E` 個）。次のメッセージの大きさは前もってわからず、各ランクは受け取る分の領域を用意しなければならないからです。
+# 2. 次に**配送**（dispatch）: 受け付けたトークンの行を、エキスパート順（つまりランク順）に並べて送ります。分割の大きさは 1 で知らせたものです。
+# 3. 最後に**回収**（combine）: エキスパートの出力を、トークンの出どころのランクへ送り返します。分割の大きさは逆になります。
 #
 # 逆伝播では、配送と回収が分割の大きさを入れ替えてもう一度行われます（独自の `autograd.Function`）。ルーターは複製されているので、勾配はデータ並列と同じく平均します。エキスパートの勾配は、トークンの方が送られてきたので、すでに全ランクのトークンの寄与の和になっています（`average_gradients` が両方を行います）。各呼び出しが渡すバイト数はルーティングだけから決まります（`predicted_traffic`）。ランク `r` は自分が受け付けた行を送り、自分のエキスパート宛ての全ランクの行を受け取り、受け取った数だけ送り返します。逆伝播では 2つの向きが入れ替わります。
 #
@@ -424,7 +435,8 @@ def layer_check(capacity_factor, seed=0, tokens=32, dim=16, hidden=32):
              "router grad": (part.router.weight.grad - ref["router.weight"].grad).abs().max().item()}
     for i, expert in enumerate(part.experts):
         for n, p in expert.named_parameters():
-            diffs[f"experts.{part.first + i}.{n} grad"] = (p.grad - ref[f"experts.{part.first + i}.{n}"].grad).abs().max().item()
+            name = f"experts.{part.first + i}.{n}"
+            diffs[f"{name} grad"] = (p.grad - ref[name].grad).abs().max().item()
     return {"diffs": diffs, "dropped": full.last["dropped"], "per_group": full.last["per_group"].tolist(),
             "counted": {t["what"]: t["bytes"] for t in part.traffic},
             "predicted": experts.predicted_traffic(full.last["per_group"], dim, 8, rank)}
@@ -496,14 +508,15 @@ train_iter, test_iter = load_fashion_mnist(64, subset=(64 * 60, 512), resident=T
 batches = [(x.clone(), y.clone()) for x, y in train_iter]
 test = [(x.clone(), y.clone()) for x, y in test_iter]
 moe_report = launch(moe_checks, 2, args=(batches, test), timeout=600)
+CASES = {"no drops": tr("no drops", "ドロップなし"), "drops": tr("drops", "ドロップあり")}
 for case, r in moe_report["layer"].items():
-    print(f"{case:<9}", tr("dropped", "ドロップ"), r["dropped"], "|", tr("rank 0's bytes per call", "ランク 0 の呼び出しごとのバイト数"),
-          r["counted"])
-    print(" " * 10 + tr("predicted from the routing", "ルーティングからの予想"), r["predicted"])
+    print(col(CASES[case], 13), tr("dropped", "ドロップ"), r["dropped"], "|",
+          tr("rank 0's bytes per call", "ランク 0 の呼び出しごとのバイト数"), r["counted"])
+    print(" " * 14 + tr("predicted from the routing", "ルーティングからの予想"), r["predicted"])
 
 # %% tags=["nbval-ignore-output"]
 for case, r in moe_report["layer"].items():
-    print(f"{case:<9}" + tr("largest difference to the one-process layer", "1個のプロセスの層との最大の差")
+    print(col(CASES[case], 13) + tr("largest difference to the one-process layer", "1個のプロセスの層との最大の差")
           + f": {max(r['diffs'].values()):.1e}")
 
 # %%
@@ -544,8 +557,9 @@ print(tr("first 3 losses, 2 processes = one process (float32, tolerance 1e-4)",
 # %% tags=["nbval-ignore-output"]
 print(tr("one process:  ", "1個のプロセス: "), [f"{v:.6f}" for v in ref_losses])
 print(tr("2 processes:  ", "2個のプロセス: "), [f"{v:.6f}" for v in balanced["losses"][:3]])
+RUNS = {"balanced": tr("with balancing loss", "補助損失あり"), "unbalanced": tr("without", "補助損失なし")}
 for name, r in (("balanced", balanced), ("unbalanced", unbalanced)):
-    print(f"{name:<11}" + tr("test accuracy", "テスト精度") + f" {r['accuracy']:.1%}, "
+    print(col(RUNS[name], 20) + tr("test accuracy", "テスト精度") + f" {r['accuracy']:.1%}, "
           + tr("last loss", "最後の損失") + f" {r['losses'][-1]:.3f}")
 print(tr(f"whole chapter so far: {time.perf_counter() - CHAPTER_START:.0f} s",
          f"ここまでの章全体: {time.perf_counter() - CHAPTER_START:.0f}秒"))
@@ -554,12 +568,11 @@ print(tr(f"whole chapter so far: {time.perf_counter() - CHAPTER_START:.0f} s",
 assert balanced["accuracy"] > 0.5 and unbalanced["accuracy"] > 0.5, "10 classes: chance is 10%"
 assert balanced["losses"][-1] < balanced["losses"][0] - 0.5
 fig, axes = plt.subplots(1, 3, figsize=(12, 3.2))
-axes[0].plot(balanced["losses"], label=tr("with balancing loss", "補助損失あり"))
-axes[0].plot(unbalanced["losses"], label=tr("without", "補助損失なし"))
+axes[0].plot(balanced["losses"], label=RUNS["balanced"])
+axes[0].plot(unbalanced["losses"], label=RUNS["unbalanced"])
 axes[0].set(xlabel=tr("step", "ステップ"), ylabel=tr("training loss", "訓練損失"))
 axes[0].legend()
-for ax, (name, r) in zip(axes[1:], ((tr("with balancing loss", "補助損失あり"), balanced),
-                                    (tr("without", "補助損失なし"), unbalanced)), strict=True):
+for ax, (name, r) in zip(axes[1:], ((RUNS["balanced"], balanced), (RUNS["unbalanced"], unbalanced)), strict=True):
     width = 0.8 / CONFIG.depth
     for layer, counts in enumerate(r["routed"]):
         ax.bar([e + layer * width for e in range(MOE["experts"])], counts, width,
@@ -581,13 +594,13 @@ plt.show()
 # the load stays closer to even. The next cell puts a number on it: the largest expert's share, against the
 # `1/E = 25%` of an even load.
 # <!-- ja -->
-# どちらの訓練も学習しています（60回の小さなステップの後、精度は当て推量の 10% を大きく上回ります。1回めの損失には小さな補助損失の項が含まれます）。最初のステップは 1個のプロセスと一致します。ヒストグラムは、テストの 8192トークンについて、各トークンの第 1希望がどのエキスパートだったかを数えたものです。破線は均等な負荷です。補助損失がないと、60ステップの時点ですでにルーターは一部のエキスパートをひいきしており、偏りが大きくなるほどそのエキスパートがドロップするトークンも増えます。補助損失があると、負荷は均等に近いままです。次のセルはそれを数値にします。最も多いエキスパートの割合を、均等な負荷の `1/E = 25%` と比べます。
+# どちらの訓練も学習しています（60回の小さなステップの後、精度は当て推量の 10% を大きく上回ります。補助損失ありの訓練損失には、補助損失の小さな項も含まれます）。最初のステップは 1個のプロセスと一致します。ヒストグラムは、テストの 8192トークンについて、各トークンの第 1希望がどのエキスパートだったかを数えたものです。破線は均等な負荷です。補助損失がないと、60ステップの時点ですでにルーターは一部のエキスパートをひいきしており、偏りが大きくなるほどそのエキスパートがドロップするトークンも増えます。補助損失があると、負荷は均等に近いままです。次のセルはそれを数値にします。最も多いエキスパートの割合を、均等な負荷の `1/E = 25%` と比べます。
 
 # %% tags=["nbval-ignore-output"]
 shares = {name: [max(c) / sum(c) for c in r["routed"]] for name, r in (("balanced", balanced),
                                                                       ("unbalanced", unbalanced))}
 for name, row in shares.items():
-    print(f"{name:<11}" + tr("largest expert's share per block", "ブロックごとの最大のエキスパートの割合") + ": "
+    print(col(RUNS[name], 20) + tr("largest expert's share per block", "ブロックごとの最大のエキスパートの割合") + ": "
           + ", ".join(f"{s:.0%}" for s in row))
 
 # %%
