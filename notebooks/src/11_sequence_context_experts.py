@@ -92,8 +92,9 @@ print(inspect.getsource(sequence_parallel.SequenceParallelBlock.forward))
 # read whole.
 #
 # What should `CommDebugMode` count? Per block, forward: 2 all-gathers (before attention and before the MLP) and 2
-# reduce-scatters (after each); backward the same, mirrored; no all-reduce (`expected_collectives`). Compare
-# chapter 10: 2 all-reduces forward and 4 backward per block, because there each of `q`, `k` and `v` had its own
+# reduce-scatters (after each); backward the same, mirrored; no all-reduce (`expected_collectives`). For the MLP
+# alone that is 2 all-gathers and 2 reduce-scatters over a forward and a backward pass where chapter 10 had 2
+# all-reduces. Compare the whole block in chapter 10: 2 all-reduces forward and 4 backward, because there each of `q`, `k` and `v` had its own
 # `f`. Here the three projections read one gathered tensor, so their gradients are added on the rank before the
 # single reduce-scatter: chapter 10's first exercise, for free.
 #
@@ -107,7 +108,7 @@ print(inspect.getsource(sequence_parallel.SequenceParallelBlock.forward))
 # <!-- ja -->
 # 新しい点が 1つあります。LayerNorm の重みと、行並列の層が和の後に足すバイアスは複製されたパラメータですが、今はこのランクのトークンしか見ません。そのため各ランクの勾配は、トークンについての部分和です。`sync_replicated_grads` は逆伝播の後にこれらをオールリデュースします（Megatron-LM も同じことを 1つのバケットで行います）。PyTorch の版では、これらの勾配は `Partial` のまま保たれ、勾配を全体として読むときに和が実行されます。
 #
-# `CommDebugMode` は何回と数えるはずでしょうか。ブロックごとに、順伝播でオールギャザー 2回（アテンションの前と MLP の前）とリデュース・スキャッター 2回（それぞれの後）、逆伝播でも鏡像の形で同じ回数、オールリデュースはなしです（`expected_collectives`）。10章と比べてください。そこではブロックごとに順伝播で 2回、逆伝播で 4回のオールリデュースでした。`q`、`k`、`v` がそれぞれ自分の `f` を持っていたからです。ここでは 3つの射影が集めた 1つのテンソルを読むので、その勾配はランクの中で足し合わされてから 1回のリデュース・スキャッターに渡ります。10章の練習問題 1 が、何もしなくても実現しています。
+# `CommDebugMode` は何回と数えるはずでしょうか。ブロックごとに、順伝播でオールギャザー 2回（アテンションの前と MLP の前）とリデュース・スキャッター 2回（それぞれの後）、逆伝播でも鏡像の形で同じ回数、オールリデュースはなしです（`expected_collectives`）。MLP だけを見ると、順伝播と逆伝播を合わせてオールギャザー 2回とリデュース・スキャッター 2回で、10章ではここがオールリデュース 2回でした。ブロック全体では、10章は順伝播で 2回、逆伝播で 4回のオールリデュースでした。`q`、`k`、`v` がそれぞれ自分の `f` を持っていたからです。ここでは 3つの射影が集めた 1つのテンソルを読むので、その勾配はランクの中で足し合わされてから 1回のリデュース・スキャッターに渡ります。10章の練習問題 1 が、何もしなくても実現しています。
 #
 # PyTorch は同じプランを `parallelize_module` で表します（`block_plan` が `Block` 用に書きます）。正規化には `SequenceParallel()`（入力と出力はシーケンスの次元の `Shard(1)`）、アテンションと MLP の前には `Shard(1)` を `Replicate()` にする `PrepareModuleInput`（オールギャザー）、中には `ColwiseParallel`、出口には `RowwiseParallel(output_layouts=Shard(1))`（リデュース・スキャッター）を置きます。次のワーカーは両方の版を分割前のブロックと float64 で比べます。出力、入力の勾配、すべてのパラメータの勾配です。入力は、画像 8枚を 7 x 7 ピクセルのパッチに切ったトークンです（`T = 16` は 2 でも 4 でも割り切れます。4 x 4 のパッチの 49トークンでは割り切れません）。
 
