@@ -208,7 +208,7 @@ sp_reports = {n: launch(sequence_checks, n, timeout=300) for n in (2, 4)}
 for n, report in sp_reports.items():
     for version in ("mine", "pytorch"):
         c = report[version]["counts"]
-        print(f"n={n} " + col(tr("from primitives", "プリミティブ版") if version == "mine" else "parallelize_module", 18),
+        print(f"n={n} " + col(tr("from primitives", "プリミティブ版") if version == "mine" else "parallelize_module", 19),
               tr("forward", "順伝播"), c["forward"], "|", tr("backward", "逆伝播"), c["backward"])
     print(" " * 6 + tr("replicated gradients all-reduced after the backward pass",
                        "逆伝播の後にオールリデュースした複製パラメータの勾配") + f": {report['mine']['synced']}")
@@ -216,7 +216,7 @@ for n, report in sp_reports.items():
 # %% tags=["nbval-ignore-output"]
 for n, report in sp_reports.items():
     for version in ("mine", "pytorch"):
-        print(f"n={n} " + col(tr("from primitives", "プリミティブ版") if version == "mine" else "parallelize_module", 18)
+        print(f"n={n} " + col(tr("from primitives", "プリミティブ版") if version == "mine" else "parallelize_module", 19)
               + tr("largest difference to the unsplit block", "分割前のブロックとの最大の差")
               + f": {max(report[version]['diffs'].values()):.1e}")
 
@@ -560,7 +560,7 @@ print(tr("one process:  ", "1個のプロセス: "), [f"{v:.6f}" for v in ref_lo
 print(tr("2 processes:  ", "2個のプロセス: "), [f"{v:.6f}" for v in balanced["losses"][:3]])
 RUNS = {"balanced": tr("with balancing loss", "補助損失あり"), "unbalanced": tr("without", "補助損失なし")}
 for name, r in (("balanced", balanced), ("unbalanced", unbalanced)):
-    print(col(RUNS[name], 20) + tr("test accuracy", "テスト精度") + f" {r['accuracy']:.1%}, "
+    print(col(RUNS[name], 20) + tr("test accuracy", "テスト精度") + f" {r['accuracy']:.1%}" + tr(", ", "、")
           + tr("last loss", "最後の損失") + f" {r['losses'][-1]:.3f}")
 print(tr(f"whole chapter so far: {time.perf_counter() - CHAPTER_START:.0f} s",
          f"ここまでの章全体: {time.perf_counter() - CHAPTER_START:.0f}秒"))
