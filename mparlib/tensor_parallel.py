@@ -121,22 +121,23 @@ class RowParallelLinear(nn.Module):
     Built from a full ``nn.Linear(in, out)``: rank ``r`` of ``n`` keeps columns ``r * in / n`` to ``(r + 1) * in / n``
     of the weight, multiplies its slice of the input ``(..., in / n)`` with them, and :func:`reduce_from_parallel`
     adds the partial products into the full output ``(..., out)``. The bias is added once, after the sum, so every
-    rank holds all of it.
+    rank holds all of it. ``reduce(partial, group)`` may replace the all-reduce by another sum over the ranks (the
+    reduce-scatter along the sequence of :mod:`mparlib.sequence_parallel`).
     """
 
     split_dims = {"weight": 1, "bias": None}  # None: the same whole tensor on every rank
 
-    def __init__(self, linear, group=None):
+    def __init__(self, linear, group=None, reduce=reduce_from_parallel):
         super().__init__()
         rank, world = _group_info(group, "RowParallelLinear")
         cols = _piece(linear.in_features, rank, world, "RowParallelLinear (in_features)")
-        self.group = group
+        self.group, self.reduce = group, reduce
         self.in_features, self.out_features = cols.stop - cols.start, linear.out_features
         self.weight = nn.Parameter(linear.weight.detach()[:, cols].clone())  # (out, in / n)
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().clone())  # (out,)
 
     def forward(self, x):  # (..., in / n) -> (..., out)
-        y = reduce_from_parallel(F.linear(x, self.weight), self.group)
+        y = self.reduce(F.linear(x, self.weight), self.group)
         return y if self.bias is None else y + self.bias
 
     def extra_repr(self):
@@ -198,11 +199,11 @@ def split_attention(attention, group=None):
 def expected_all_reduces(module):
     """How many all-reduces one forward and one backward pass of a split module make. Explained in 10_model_parallel.
 
-    Returns ``{"forward": number of RowParallelLinear, "backward": number of ColumnParallelLinear that copy their
-    input}``: each ``g`` all-reduces once forward, each ``f`` once backward.
+    Returns ``{"forward": number of RowParallelLinear that all-reduce, "backward": number of ColumnParallelLinear that
+    copy their input}``: each ``g`` all-reduces once forward, each ``f`` once backward.
     """
     mods = list(module.modules())
-    return {"forward": sum(isinstance(m, RowParallelLinear) for m in mods),
+    return {"forward": sum(isinstance(m, RowParallelLinear) and m.reduce is reduce_from_parallel for m in mods),
             "backward": sum(isinstance(m, ColumnParallelLinear) and m.copy_input for m in mods)}
 
 

@@ -45,7 +45,6 @@
 import statistics
 import tempfile
 import time
-import unicodedata
 from pathlib import Path
 
 import torch
@@ -58,6 +57,7 @@ import mparlib
 from mparlib import sharding
 from mparlib.data import to_float
 from mparlib.ddp_train import load_split_tensors
+from mparlib.devices import pad
 from mparlib.errors import CheckpointError, WorkerFailed
 from mparlib.sharded_checkpoint import latest_checkpoint, load_sharded
 from mparlib.lang import tr
@@ -80,10 +80,8 @@ KINDS = {"all_reduce": tr("all-reduce", "オールリデュース"), "reduce_sca
 
 
 def col(text, width, right=False):
-    """``text`` padded to ``width`` columns of a printed table (an East Asian wide character takes two)."""
-    text = str(text)
-    pad = " " * max(0, width - sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text))
-    return pad + text if right else text + pad
+    """``text`` padded to ``width`` display columns of a printed table (an East Asian wide character takes two)."""
+    return pad(text, width, ">" if right else "<")
 
 # %% [markdown]
 # <!-- en -->
@@ -608,6 +606,7 @@ from torch.utils.checkpoint import checkpoint
 from mparlib import sharding
 from mparlib.data import to_float
 from mparlib.ddp_train import load_split_tensors
+from mparlib.devices import pad
 from mparlib.lang import tr
 from mparlib.rendezvous import device
 from mparlib.sharded_checkpoint import load_sharded, save_sharded
@@ -1687,7 +1686,7 @@ check("09.4", zero_sgd_step)
 # <!-- en -->
 # ### More questions
 #
-# 1. In the ZeRO worker, replace `torch.optim.Adam` by `torch.optim.SGD` with `momentum=0.9` in all four methods.
+# 1. In the ZeRO worker, replace `torch.optim.Adam` by `torch.optim.SGD` with `momentum=0.9` in every method.
 #    Predict the optimizer bytes per rank with `sharding.bytes_per_parameter("fp32", "momentum")` first, then run
 #    the launch again. Is the sharded step still equal to DDP?
 # 2. Run `fsdp_run` on 3 ranks: `launch(fsdp_run, 3, args=(batches, 1e-3))`. How far above 1/3 is each rank's
@@ -1702,7 +1701,7 @@ check("09.4", zero_sgd_step)
 # <!-- ja -->
 # ### その他の問い
 #
-# 1. ZeRO のワーカーで、4つの方式すべての `torch.optim.Adam` を `momentum=0.9` の `torch.optim.SGD` に置き換えてください。まず `sharding.bytes_per_parameter("fp32", "momentum")` で 1ランクあたりのオプティマイザのバイト数を予測し、それから起動し直します。シャーディングしたステップは、今も DDP と一致するでしょうか。
+# 1. ZeRO のワーカーで、すべての方式の `torch.optim.Adam` を `momentum=0.9` の `torch.optim.SGD` に置き換えてください。まず `sharding.bytes_per_parameter("fp32", "momentum")` で 1ランクあたりのオプティマイザのバイト数を予測し、それから起動し直します。シャーディングしたステップは、今も DDP と一致するでしょうか。
 # 2. `fsdp_run` を 3個のランクで実行してください: `launch(fsdp_run, 3, args=(batches, 1e-3))`。各ランクの取り分は 1/3 をどれだけ上回るでしょうか。パディングの原因になっているのはどのパラメータでしょうか（各パラメータの 0次元目の大きさを見てください）。
 # 3. 1つおきのブロックだけを再計算してください。`checkpointed.blocks` を `nn.ModuleList(Checkpointed(b) if i % 2 == 0 else b for i, b in enumerate(make_model().blocks))` として作り、測定のセルをもう一度実行します。autograd が保持するバイト数はいくつになり、1ステップにどれだけ時間がかかるでしょうか。
 # 4. `save_and_get_killed` で、代わりにランク 0 を強制終了してください（`args=(root, 0)`）。`latest` は今も完了したチェックポイントを指しているでしょうか。そのあと、評価したモデルをこのプロセスからそのステップとして保存し（`save_sharded({"model": evaluated.state_dict()}, root, step=int(saved.split("-")[1]) + 1)`）、もう一度フォルダの中身を表示してください。途中までのフォルダはどうなったでしょうか。
