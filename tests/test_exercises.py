@@ -91,8 +91,10 @@ def tmp_module():
     return make
 
 
-def test_chapters_01_to_05_have_at_least_three_exercises_each():
-    for chapter in ("01", "02", "03", "04", "05"):
+def test_every_chapter_after_the_setup_has_at_least_three_exercises():
+    chapters = sorted(p.name[:2] for p in SRC.glob("[0-9][0-9]_*.py") if p.name[:2] != "00")
+    assert chapters, "no chapter sources found"
+    for chapter in chapters:
         assert sum(n.startswith(chapter + ".") for n in EXERCISES) >= 3, chapter
 
 

@@ -150,18 +150,18 @@ def scatter_child(module, name, sizes):
 CHAPTER_RING = {"ring_reduce_scatter", "ring_all_gather", "ring_all_reduce", "run_ring_steps"}
 
 
-def calls_chapter_ring(fn):
-    """Whether ``fn`` refers to the ring functions of mparlib.collectives. For check authors: see the package
-    docstring."""
+def calls_chapter(fn, names, module):
+    """Whether ``fn`` refers to one of ``names`` of ``module`` (the chapter's own answer), or to the module itself.
+    For check authors: see the package docstring."""
     code = getattr(fn, "__code__", None)
     if code is None:
         return False
-    names = set(code.co_names)
+    seen = set(code.co_names)
     for const in code.co_consts:  # nested functions and lambdas
-        names |= set(getattr(const, "co_names", ()))
-    found = [getattr(fn, "__globals__", {}).get(name) for name in names]
-    return any(getattr(obj, "__module__", "") == "mparlib.collectives" and getattr(obj, "__name__", "") in CHAPTER_RING
-               for obj in found) or any(getattr(obj, "__name__", "") == "mparlib.collectives" for obj in found)
+        seen |= set(getattr(const, "co_names", ()))
+    found = [getattr(fn, "__globals__", {}).get(name) for name in seen]
+    return any(getattr(obj, "__module__", "") == module and getattr(obj, "__name__", "") in names
+               or getattr(obj, "__name__", "") == module for obj in found)
 
 
 def scatter_key(got, n, rank, k):
@@ -222,7 +222,7 @@ def scatter_key(got, n, rank, k):
 def check_08_2(answer, nproc=3, sizes=(10, 2)):
     """Compare each rank's chunk with the sum over ranks (10 elements, then 2 on 3 ranks: an empty chunk).
     Explained in 08_collectives."""
-    if calls_chapter_ring(answer):
+    if calls_chapter(answer, CHAPTER_RING, "mparlib.collectives"):
         return wrong(tr("The answer calls the chapter's ring instead of sending chunks itself.",
                         "答えは自分でチャンクを送らず、章のリングを呼んでいます。"), "chapter_function")
     values = run_child(answer, scatter_child, nproc, args=(tuple(sizes),))

@@ -59,7 +59,8 @@ from mparlib.data import to_float
 from mparlib.ddp_train import load_split_tensors
 from mparlib.devices import pad
 from mparlib.errors import CheckpointError, WorkerFailed
-from mparlib.sharded_checkpoint import latest_checkpoint, load_sharded
+from mparlib.runfolder import LOCK_NAME
+from mparlib.sharded_checkpoint import CHECKSUMS, latest_checkpoint, load_sharded
 from mparlib.lang import tr
 from mparlib.launch import launch
 from mparlib.rendezvous import describe
@@ -1329,6 +1330,9 @@ assert activation["checkpointed"] >= 4 * block_input  # each checkpointed block 
 # 2. when all ranks are done, rank 0 renames the folder to `step-NNNNNNNN`, one atomic step on the file system;
 # 3. then it rewrites the small file `latest`, which names the last complete save (atomically too).
 #
+# Each save also lists the SHA-256 checksum of every file it wrote (`.mparlib-checksums.json`), which a load checks
+# before it reads anything, and the root holds a lock file (`.mparlib.lock`) so that one run at a time writes into it.
+#
 # `load_sharded(state, root)` follows `latest`, and refuses any folder that is not a complete save. The 2-rank run
 # above saved its trained model and AdamW state this way:
 # <!-- ja -->
@@ -1343,6 +1347,8 @@ assert activation["checkpointed"] >= 4 * block_input  # each checkpointed block 
 # 1. 各ランクは一時フォルダ `.step-NNNNNNNN.partial` に書き込みます（DCP のコーディネータは、全ランクのファイルが書き終わってから最後に `.metadata` を書きます）。
 # 2. 全ランクが終わったら、ランク 0 がフォルダの名前を `step-NNNNNNNN` に変えます。ファイルシステム上でアトミックな 1回の操作です。
 # 3. そのあと、最後に完了した保存を指す小さなファイル `latest` を書き直します（これもアトミックに行います）。
+#
+# 保存のたびに、書いたすべてのファイルの SHA-256 チェックサムの一覧（`.mparlib-checksums.json`）も残します。読み込みは何かを読む前にこれを確かめます。また、ルートにはロックファイル（`.mparlib.lock`）があり、一度に 1つの実行だけが書き込めます。
 #
 # `load_sharded(state, root)` は `latest` をたどり、完了した保存でないフォルダは拒否します。上の 2ランクの実行は、訓練したモデルと AdamW の状態をこの方法で保存しました。
 
@@ -1363,7 +1369,8 @@ print(tr(f"largest parameter difference, 4 ranks vs the 2 that saved: {model_gap
          f"パラメータの差の最大値（ランク 4個と保存したランク 2個）: {model_gap}。AdamW の状態は一致: {optim_equal}"))
 
 # %%
-assert listing(root) == {"latest": saved, saved: [".metadata", "__0_0.distcp", "__1_0.distcp"]}
+files = {name: entry for name, entry in listing(root).items() if name != LOCK_NAME}  # the root's lock: one writer
+assert files == {"latest": saved, saved: sorted([".metadata", CHECKSUMS, "__0_0.distcp", "__1_0.distcp"])}
 assert fsdp4["loaded"] == saved and model_gap == 0 and optim_equal
 assert fsdp2["full_model"].keys() == make_model().state_dict().keys()  # plain names, as in an unwrapped model
 

@@ -1397,3 +1397,89 @@ assert all(SPLITS[d] <= set(range(len(STATE))) for d in DIMENSIONS)
 # - 196トークンを 2個のランクに分けて訓練した ViT は、1個のプロセスと 1ステップずつ一致し、学習します。
 # - MoE は各トークンを `E` 個の MLP のうち `k` 個に送ります。容量が形状を固定してあふれた分をドロップし、Switch の補助損失 `E x sum f_i P_i` がルーターを均等な負荷へ向かわせます。
 # - エキスパート並列はエキスパートを別々のランクに置き、層ごとに 3回のオールツーオール（個数、配送、回収）と、逆伝播でさらに 2回を使ってトークンを運びます。バイト数はルーティングから決まり、同じグループをルーティングする 1個のプロセスの層は、まったく同じものを計算します。
+
+# %% [markdown]
+# <!-- en -->
+# ## Exercises
+#
+# Each exercise has a **starter** cell whose function body is `raise NotImplementedError`: replace that line with
+# your code, run the cell, then run the check cell below it. The check says *not attempted*, *wrong* (the first
+# difference and a hint for the likely mistake), *error* (your exception), or *right*; it never prints the answer.
+# `hint("11.1")` prints the next hint each time you call it, `hint("11.1", 2)` a given level.
+# <!-- ja -->
+# ## 練習問題
+#
+# 各練習問題には、本体が `raise NotImplementedError` だけの関数を含む**スターター**のセルがあります。その行を自分のコードに置き換えてセルを実行し、すぐ下のチェックのセルを実行してください。チェックの結果は「未着手」、「不正解」（最初の違いと、ありがちな間違いに合わせたヒント）、「エラー」（発生した例外）、「正解」のどれかで、答えそのものは表示しません。`hint("11.1")` は呼ぶたびに次の段階のヒントを、`hint("11.1", 2)` は指定した段階のヒントを表示します。
+
+# %%
+from mparlib.exercises import check, hint
+
+# %% [markdown]
+# <!-- en -->
+# ### Exercise 11.1: Merging two partial attentions
+#
+# Write `merge_partial(out_a, lse_a, out_b, lse_b)` without calling the chapter's `merge`: given the attention of
+# the same queries over two disjoint sets of keys (`out` of shape `(B, H, T, d)` and its log-sum-exp `lse` of shape
+# `(B, H, T)`, as `block_attention` returns them), return `(out, lse)` over both sets. The check cuts the keys of a
+# few random inputs in two and compares your merge with `F.scaled_dot_product_attention` over all the keys.
+# <!-- ja -->
+# ### 練習問題 11.1: 2つの部分的なアテンションの合わせ方
+#
+# 章の `merge` を呼ばずに `merge_partial(out_a, lse_a, out_b, lse_b)` を書いてください。同じクエリの、互いに重ならない 2組のキーに対するアテンション（`block_attention` が返すのと同じ、形状 `(B, H, T, d)` の `out` と、形状 `(B, H, T)` のその log-sum-exp `lse`）から、両方の組に対する `(out, lse)` を返します。チェックはいくつかのランダムな入力のキーを 2つに切り、あなたの関数の結果を、すべてのキーに対する `F.scaled_dot_product_attention` と比べます。
+
+# %%
+# Exercise 11.1: starter
+def merge_partial(out_a, lse_a, out_b, lse_b):
+    """Attention over both sets of keys, from the attentions over each set and their log-sum-exps."""
+    raise NotImplementedError("11.1")
+
+
+# %%
+check("11.1", merge_partial)
+
+# %% [markdown]
+# <!-- en -->
+# ### Exercise 11.2: The balanced causal split
+#
+# Write `balanced_positions(length, world, rank)`: the list of token positions that rank `rank` of `world` holds
+# under the chapter's balanced split for causal attention, in order, without calling `shard_sequence` or
+# `chunks_of`. The check asks every rank of a few cases and tests that every token is held exactly once, that all
+# ranks compute the same number of score elements under the causal mask, and that the layout is the chapter's.
+# <!-- ja -->
+# ### 練習問題 11.2: 負荷を均した因果的な分割
+#
+# 因果的アテンションのための章の負荷を均した分割で、`world` 個のうちランク `rank` が持つトークンの位置のリストを、順に返す `balanced_positions(length, world, rank)` を書いてください。`shard_sequence` と `chunks_of` は呼ばないでください。チェックはいくつかの場合のすべてのランクに問い合わせ、どのトークンもちょうど 1回ずつ持たれること、因果マスクのもとでどのランクも同じ数のスコアの要素を計算すること、配置が章と同じことを確かめます。
+
+# %%
+# Exercise 11.2: starter
+def balanced_positions(length, world, rank):
+    """The token positions of `rank` under the balanced causal split."""
+    raise NotImplementedError("11.2")
+
+
+# %%
+check("11.2", balanced_positions)
+
+# %% [markdown]
+# <!-- en -->
+# ### Exercise 11.3: The split sizes of the dispatch
+#
+# `ExpertParallelMoE` sends each rank the rows routed to the experts it holds, with `all_to_all_single`, whose
+# split sizes say how many rows go to each rank. Write `send_splits(expert_of_row, num_experts, world)`: given the
+# expert of each of this rank's kept rows (a sorted 1-D `torch.long` tensor) return the list of `world` ints, rows for
+# each rank, with the chapter's placement of the experts. The check compares at random routings, some of which leave
+# ranks without rows.
+# <!-- ja -->
+# ### 練習問題 11.3: 配送の分割の大きさ
+#
+# `ExpertParallelMoE` は、各ランクが持つエキスパートへルーティングされた行を `all_to_all_single` でそのランクへ送ります。その分割の大きさは、各ランクへ何行送るかを表します。このランクの残った行それぞれのエキスパート（並べ替え済みの 1次元の `torch.long` のテンソル）から、章のエキスパートの配置でランクごとの行数を表す `world` 個の int のリストを返す `send_splits(expert_of_row, num_experts, world)` を書いてください。チェックはランダムなルーティングで比べます。その中には、行のないランクが出る場合もあります。
+
+# %%
+# Exercise 11.3: starter
+def send_splits(expert_of_row, num_experts, world):
+    """Rows of this rank for each rank, by the rank that holds their expert."""
+    raise NotImplementedError("11.3")
+
+
+# %%
+check("11.3", send_splits)
