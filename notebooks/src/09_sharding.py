@@ -1354,9 +1354,9 @@ assert activation["checkpointed"] >= 4 * block_input  # each checkpointed block 
 
 # %% tags=["nbval-ignore-output"]
 def listing(folder):
-    """The names in a checkpoint root, with the files of each save in it."""
+    """The names in a checkpoint root, with the files of each save in it (the root's lock file left out)."""
     return {p.name: sorted(q.name for q in p.iterdir()) if p.is_dir() else p.read_text().strip()
-            for p in sorted(folder.iterdir())}
+            for p in sorted(folder.iterdir()) if p.name != LOCK_NAME}
 
 
 saved = fsdp2["saved"]
@@ -1369,8 +1369,7 @@ print(tr(f"largest parameter difference, 4 ranks vs the 2 that saved: {model_gap
          f"パラメータの差の最大値（ランク 4個と保存したランク 2個）: {model_gap}。AdamW の状態は一致: {optim_equal}"))
 
 # %%
-files = {name: entry for name, entry in listing(root).items() if name != LOCK_NAME}  # the root's lock: one writer
-assert files == {"latest": saved, saved: sorted([".metadata", CHECKSUMS, "__0_0.distcp", "__1_0.distcp"])}
+assert listing(root) == {"latest": saved, saved: sorted([".metadata", CHECKSUMS, "__0_0.distcp", "__1_0.distcp"])}
 assert fsdp4["loaded"] == saved and model_gap == 0 and optim_equal
 assert fsdp2["full_model"].keys() == make_model().state_dict().keys()  # plain names, as in an unwrapped model
 
