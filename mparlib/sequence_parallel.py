@@ -17,11 +17,10 @@ from torch import nn
 
 from .errors import ConfigError, LaunchError
 from .lang import tr
+from .sharding import tensor_collectives
 from .tensor_parallel import ColumnParallelLinear, RowParallelLinear, split_attention
 
-# torch 2.13 renamed the tensor forms of all-gather and reduce-scatter; earlier releases know only the old names
-_ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-_REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+_REDUCE_SCATTER, _ALL_GATHER = tensor_collectives()  # the tensor forms under the names this torch has
 SEQ_DIM = 1  # (B, T, dim): the sequence is dimension 1
 
 

@@ -18,6 +18,7 @@ from mparlib.collectives import (IN_USE, chunk_bounds, collective_patterns, fit_
 from mparlib.errors import ConfigError, LaunchError
 from mparlib.launch import launch
 from mparlib.rendezvous import device
+from mparlib.sharding import tensor_collectives
 
 
 # ------------------------------------------------------------------------------------- workers (imported by ranks)
@@ -118,8 +119,7 @@ def pattern_cases():
     return gathered
 
 
-REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor  # torch >= 2.13: new name
-ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+REDUCE_SCATTER, ALL_GATHER = tensor_collectives()  # torch >= 2.13: the new names, else the old ones
 
 
 def phase_cases(seed=0):
