@@ -33,16 +33,37 @@ def schedule_class(name):
     return schedules[one_of(name, "schedule", tuple(schedules), "schedule_class")]
 
 
-def bubble_formula(num_stages, micro_batches):
-    """The idle share of a pipeline of equal stages: ``(p - 1) / (m + p - 1)``. Explained in 10_model_parallel.
+BUBBLE_SCHEDULES = ("gpipe", "1f1b", "interleaved1f1b", "zbv")  # the schedules bubble_formula knows
 
-    Each of the ``p`` ranks is busy for ``m`` micro-batches' worth of forward and backward work out of a step that
-    lasts ``m + p - 1`` of them: the first micro-batch needs ``p - 1`` steps to reach the last stage, and its
-    gradient as many to come back. GPipe and 1F1B have the same bubble; 1F1B keeps fewer activations alive.
+
+def bubble_formula(num_stages, micro_batches, *, schedule="1f1b", stages_per_rank=1):
+    """The idle share of a step for equal stages under ``schedule``. Explained in 10_model_parallel.
+
+    ``num_stages`` is the number of pipeline ranks ``p``; each holds ``stages_per_rank`` (``v``) stages. For
+    ``"gpipe"`` and ``"1f1b"`` (``v = 1``) it is ``(p - 1) / (m + p - 1)``: each rank is busy for ``m`` micro-batches'
+    worth of forward and backward work out of a step that lasts ``m + p - 1`` of them (the first micro-batch needs
+    ``p - 1`` steps to reach the last stage, and its gradient as many to come back); 1F1B keeps fewer activations
+    alive, not a smaller bubble. ``"interleaved1f1b"`` fills and drains the pipeline with stages ``v`` times
+    smaller: idle ``(p - 1) / v`` against busy ``m``, a share of ``(p - 1) / (v m + p - 1)`` (the "(p - 1) / (v m)"
+    of Narayanan et al., 2021, is the same idle time divided by the busy time). ``"zbv"`` (zero bubble, V placement,
+    ``v = 2``) is ``0``: with the backward split into an input-gradient pass B and a weight-gradient pass W, the W
+    passes fill the gaps, exactly so when F, B and W take the same time (Qi et al., 2024). Explained further in
+    12_planning.
     """
     positive_int(num_stages, "num_stages", 4, "bubble_formula")
     positive_int(micro_batches, "micro_batches", 8, "bubble_formula")
-    return (num_stages - 1) / (micro_batches + num_stages - 1)
+    one_of(schedule, "schedule", BUBBLE_SCHEDULES, "bubble_formula")
+    v = positive_int(stages_per_rank, "stages_per_rank", 2, "bubble_formula")
+    fixed = {"gpipe": 1, "1f1b": 1, "zbv": 2}.get(schedule)
+    if fixed is not None and v != fixed:
+        raise ConfigError(tr(f"bubble_formula: schedule={schedule!r} places {fixed} stage(s) on each rank, not "
+                             f"stages_per_rank={v}; leave stages_per_rank out.",
+                             f"bubble_formula: schedule={schedule!r} では各ランクのステージは {fixed}個で、"
+                             f"stages_per_rank={v} ではありません。stages_per_rank を省いてください。"))
+    if schedule == "zbv":
+        return 0.0
+    p, m = num_stages, micro_batches
+    return (p - 1) / (v * m + p - 1)
 
 
 class StageTimes:

@@ -282,3 +282,23 @@ def test_stage_times_wraps_only_the_calls_it_times():
     assert timer.records == []
     module = copy.deepcopy(pp.uniform_stage(8, 3))
     assert [type(m) for m in module] == [nn.Linear, nn.Tanh] * 3
+
+
+@pytest.mark.parametrize("p, m, v", [(2, 4, 2), (4, 8, 2), (4, 4, 3)])
+def test_interleaved_bubble_is_the_idle_time_of_v_times_smaller_stages(p, m, v):
+    """Idle (p-1)/v of a micro-batch's work against m busy: the share is (p-1)/(vm+p-1), and idle/busy is (p-1)/(vm)."""
+    share = pp.bubble_formula(p, m, schedule="interleaved1f1b", stages_per_rank=v)
+    assert share == pytest.approx(((p - 1) / v) / ((p - 1) / v + m))
+    assert share / (1 - share) == pytest.approx((p - 1) / (v * m))
+    assert share < pp.bubble_formula(p, m, schedule="1f1b")
+    assert pp.bubble_formula(p, m, schedule="interleaved1f1b") == pp.bubble_formula(p, m)  # v = 1 is plain 1F1B
+    assert pp.bubble_formula(p, m, schedule="zbv") == 0.0
+
+
+def test_bubble_formula_refuses_a_placement_the_schedule_does_not_have():
+    with pytest.raises(ConfigError, match="stages_per_rank=2"):
+        pp.bubble_formula(4, 8, schedule="1f1b", stages_per_rank=2)
+    with pytest.raises(ConfigError, match="stages_per_rank=3"):
+        pp.bubble_formula(4, 8, schedule="zbv", stages_per_rank=3)
+    with pytest.raises(ConfigError, match="schedule='dualpipe'"):
+        pp.bubble_formula(4, 8, schedule="dualpipe")
