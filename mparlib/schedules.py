@@ -36,10 +36,11 @@ def schedule_class(name):
 BUBBLE_SCHEDULES = ("gpipe", "1f1b", "interleaved1f1b", "zbv")  # the schedules bubble_formula knows
 
 
-def bubble_formula(num_stages, micro_batches, *, schedule="1f1b", stages_per_rank=1):
+def bubble_formula(num_stages, micro_batches, *, schedule="1f1b", stages_per_rank=None):
     """The idle share of a step for equal stages under ``schedule``. Explained in 10_model_parallel.
 
-    ``num_stages`` is the number of pipeline ranks ``p``; each holds ``stages_per_rank`` (``v``) stages. For
+    ``num_stages`` is the number of pipeline ranks ``p``; each holds ``stages_per_rank`` (``v``) stages (left out:
+    the schedule's own number, 2 for ``"zbv"``, else 1). For
     ``"gpipe"`` and ``"1f1b"`` (``v = 1``) it is ``(p - 1) / (m + p - 1)``: each rank is busy for ``m`` micro-batches'
     worth of forward and backward work out of a step that lasts ``m + p - 1`` of them (the first micro-batch needs
     ``p - 1`` steps to reach the last stage, and its gradient as many to come back); 1F1B keeps fewer activations
@@ -53,8 +54,10 @@ def bubble_formula(num_stages, micro_batches, *, schedule="1f1b", stages_per_ran
     positive_int(num_stages, "num_stages", 4, "bubble_formula")
     positive_int(micro_batches, "micro_batches", 8, "bubble_formula")
     one_of(schedule, "schedule", BUBBLE_SCHEDULES, "bubble_formula")
-    v = positive_int(stages_per_rank, "stages_per_rank", 2, "bubble_formula")
     fixed = {"gpipe": 1, "1f1b": 1, "zbv": 2}.get(schedule)
+    if stages_per_rank is None:
+        stages_per_rank = fixed or 1
+    v = positive_int(stages_per_rank, "stages_per_rank", 2, "bubble_formula")
     if fixed is not None and v != fixed:
         raise ConfigError(tr(f"bubble_formula: schedule={schedule!r} places {fixed} stage(s) on each rank, not "
                              f"stages_per_rank={v}; leave stages_per_rank out.",
