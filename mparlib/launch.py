@@ -37,7 +37,7 @@ from .checks import positive_int, seconds
 from .errors import ConfigError, LaunchError, MparlibError, WorkerFailed
 from .lang import tr
 from .progress import in_kernel
-from .rendezvous import check_port, choose_backend, process_group
+from .rendezvous import check_port, choose_backend, interface_of, listening_store, process_group
 from .workers import register_magic
 
 # Keys in the launcher's store; a rank's error: mparlib/error{r}; a rank whose function returned: mparlib/done{r}.
@@ -83,30 +83,15 @@ def _check_importable(fn):
 
 
 def _listening_store(host, port, nproc):
-    """The rendezvous server, listening on ``host`` alone (TCPStore by itself would listen on every interface).
-
-    The socket is bound and listening before TCPStore takes it over (``master_listen_fd``, libuv backend), so
-    another machine cannot reach a store started for one machine.
-    """
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    """The rendezvous server on ``host`` alone (:func:`~mparlib.rendezvous.listening_store`), with a clear error
+    when the process has run out of file descriptors."""
     _check_files()
     try:
-        sock = socket.socket(family, socket.SOCK_STREAM)
+        return listening_store(host, port, nproc)
     except OSError as e:
         if e.errno in (errno.EMFILE, errno.ENFILE):
             raise _too_few_files(e.strerror) from None
         raise
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-        sock.listen(128)
-        chosen = sock.getsockname()[1]
-    except BaseException:
-        sock.close()
-        raise
-    fd = sock.detach()  # from here on the store owns the socket and closes it
-    return dist.TCPStore(host, chosen, nproc, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=120),
-                         master_listen_fd=fd, use_libuv=True)
 
 
 FILES_NEEDED = 64  # open files (sockets, pipes, logs) the launcher and each rank may need at once, with room to spare
@@ -149,18 +134,6 @@ def _check_logs(paths):
                 f"{path} はこのランチャーのログファイルではありません（リンク、特殊なファイル、複数の名前を持つファイル、"
                 "または別のユーザーのファイル）。ランクの出力がその指す先に追記されてしまいます。そのままにしてあるので、"
                 "削除するか、別の log_dir を指定してください。"))
-
-
-def _interface(host):
-    """The name of the network interface holding the address ``host`` (for gloo's own connections), or None."""
-    try:
-        wanted = {info[4][0] for info in socket.getaddrinfo(host, None)}
-    except OSError:
-        return None
-    for name, addresses in psutil.net_if_addrs().items():
-        if any(a.address.split("%")[0] in wanted for a in addresses):
-            return name
-    return None
 
 
 class _Discard:
@@ -327,10 +300,41 @@ def launch(fn, nproc, args=(), kwargs=None, *, backend="auto", port=None, host="
             _check_logs([logs / f"rank{r}.log" for r in range(nproc)])
             run = _Run(functools.partial(fn, *args, **(kwargs or {})), nproc, host, server.port, backend,
                        threads or (1 if backend == "nccl" else max(1, cores // nproc)), timeout,
-                       tuple(str(logs / f"rank{r}.log") for r in range(nproc)), os.getpid(), _interface(host), limit)
+                       tuple(str(logs / f"rank{r}.log") for r in range(nproc)), os.getpid(), interface_of(host), limit)
             return _supervise(run, server, echo, show)
     finally:
         del server  # the frames of an exception must not keep the port open
+
+
+def _subreaper(on):
+    """Make this process the one that adopts the orphans of its descendants (``on``), or stop; returns the old state.
+
+    While a run lasts, a process that a rank started and left behind (the rank killed, or its parent ended) becomes a
+    child of the launcher instead of init's, so that the launcher still finds it at the end, however late it was
+    started. Linux only (``PR_SET_CHILD_SUBREAPER``); elsewhere this does nothing and returns None.
+    """
+    if sys.platform != "linux":
+        return None
+    libc, state = ctypes.CDLL(None), ctypes.c_int(0)
+    libc.prctl(37, ctypes.byref(state))  # PR_GET_CHILD_SUBREAPER
+    libc.prctl(36, 1 if on else 0)  # PR_SET_CHILD_SUBREAPER
+    return bool(state.value)
+
+
+def _end_adopted(known):
+    """End and reap every child of this process that is not in ``known`` (its children from before the run, and the
+    ranks) nor multiprocessing's resource tracker: the processes the ranks left behind, adopted by
+    :func:`_subreaper`. Repeated until none is left, since one may start another while it is being ended."""
+    from multiprocessing import resource_tracker
+
+    me = psutil.Process()
+    known = known | {getattr(resource_tracker._resource_tracker, "_pid", None)}
+    for _ in range(20):
+        adopted = [child for child in me.children() if child.pid not in known]
+        if not adopted:
+            return
+        everyone = {p.pid: p for p in adopted} | _descendants([p.pid for p in adopted])
+        _end_all(everyone.values())
 
 
 def _stop(processes):
@@ -351,6 +355,9 @@ def _supervise(run, server, echo, show):
     spawn_log = logging.getLogger("torch.multiprocessing.spawn")
     level = spawn_log.level
     spawn_log.setLevel(logging.ERROR)  # torch's "Terminating process ..." (in English): our error says so
+    was_subreaper = _subreaper(True)
+    known = {c.pid for c in psutil.Process().children()}  # this process's own children from before the run
+    ranks = set()
     try:
         try:
             ctx = mp.start_processes(_entry, args=(run,), nprocs=run.nproc, join=False, start_method="spawn")
@@ -375,6 +382,7 @@ def _supervise(run, server, echo, show):
             raise
         finally:
             _end_all(started.values())
+            ranks.update(p.pid for p in ctx.processes)
         echoer.poll()
         if not server.check([RESULT]):
             raise WorkerFailed(tr("Rank 0 finished without a result; end of its log:\n",
@@ -382,6 +390,9 @@ def _supervise(run, server, echo, show):
         return pickle.loads(server.get(RESULT))
     finally:
         spawn_log.setLevel(level)
+        if was_subreaper is not None:
+            _end_adopted(known | ranks)
+            _subreaper(was_subreaper)
         del server  # the frames of an exception must not keep the port open
 
 
@@ -390,7 +401,7 @@ def _over_limit(run, offsets):
     return WorkerFailed(tr(
         f"{how}, so every rank was stopped. (limit bounds the whole run; timeout bounds how long one collective "
         "waits.) Give a larger limit, or look for a rank that never finishes. End of rank 0's log:\n",
-        f"{how}。そのため、すべてのランクを停止しました（limit は実行全体の、timeout は 1回の集団通信が待つ時間の"
+        f"{how}。そのため、すべてのランクを停止しました（limit は実行全体の、timeout は 1回の集合通信が待つ時間の"
         "上限です）。limit を大きくするか、終わらないランクを探してください。ランク 0 のログの末尾:\n")
         + _tail(run.logs[0], offsets[0]), cause=how)
 

@@ -91,6 +91,68 @@ def check_port(port, host="127.0.0.1"):
             )) from None
 
 
+def listening_store(host, port, world_size, timeout=120):
+    """A rendezvous server (``TCPStore``) that listens on ``host`` alone, not on every interface. Explained in 12_planning.
+
+    ``TCPStore(is_master=True)`` by itself listens on every interface of the machine, so any computer that can reach
+    it could read and write the keys the ranks meet by. Here the socket is bound to ``host`` (``127.0.0.1`` for one
+    machine; the address of the interface the other machines reach for a run over several) and listening before the
+    store takes it over (``master_listen_fd``). ``port=0`` lets the system choose; ``store.port`` says which.
+    """
+    int_in(port, "port", 0, 65535, 29500)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(128)
+        chosen = sock.getsockname()[1]
+    except BaseException:
+        sock.close()
+        raise
+    fd = sock.detach()  # from here on the store owns the socket and closes it
+    return dist.TCPStore(host, chosen, world_size, is_master=True, wait_for_workers=False,
+                         timeout=timedelta(seconds=timeout), master_listen_fd=fd, use_libuv=True)
+
+
+def interface_of(host):
+    """The name of the network interface that holds the address ``host`` (``"lo"`` for 127.0.0.1), or None. Explained in 12_planning.
+
+    gloo opens connections of its own between the ranks; ``GLOO_SOCKET_IFNAME`` set to this name keeps them on the
+    interface the rendezvous uses instead of the one the machine's host name resolves to.
+    """
+    import psutil
+
+    try:
+        wanted = {info[4][0] for info in socket.getaddrinfo(host, None)}
+    except OSError:
+        return None
+    for name, addresses in psutil.net_if_addrs().items():
+        if any(a.address.split("%")[0] in wanted for a in addresses):
+            return name
+    return None
+
+
+def _own_store(info):
+    """The store for processes started by hand (no torchrun agent): rank 0 serves it on ``MASTER_ADDR`` only."""
+    host, port, world = info["master_addr"], info["master_port"], info["world_size"]
+    interface = interface_of(host)  # None on a machine that does not hold MASTER_ADDR (another node's rank)
+    if interface and "GLOO_SOCKET_IFNAME" not in os.environ:  # gloo's own connections stay on that interface too
+        os.environ["GLOO_SOCKET_IFNAME"] = interface
+    if info["rank"] != 0:
+        return dist.TCPStore(host, port, world, is_master=False, timeout=timedelta(seconds=120))
+    try:
+        return listening_store(host, port, world)
+    except OSError as e:
+        raise LaunchError(tr(
+            f"Rank 0 cannot serve the rendezvous on MASTER_ADDR={host}, MASTER_PORT={port} ({e.strerror or e}). "
+            "MASTER_ADDR must be an address of rank 0's own machine (127.0.0.1 for one machine, or the interface "
+            "the other machines reach), and the port must be free.",
+            f"ランク 0 は MASTER_ADDR={host}、MASTER_PORT={port} でランデブーのサーバーを開けません（{e.strerror or e}）。"
+            "MASTER_ADDR はランク 0 自身のマシンのアドレス（1台なら 127.0.0.1、複数台なら他のマシンから届く"
+            "インターフェースのアドレス）で、ポートは空いていなければなりません。")) from None
+
+
 def rendezvous_env(environ=None):
     """Read the variables torchrun sets for each process (rank, world size, master address and port). Explained in 06_ddp.
 
@@ -129,7 +191,9 @@ def rendezvous_env(environ=None):
 def process_group(backend="auto", timeout=None, store=None):
     """Join the process group described by the rendezvous variables; always leave it on exit. Explained in 06_ddp.
 
-    Yields a dict ``rank, world_size, local_rank, local_world_size, backend, device``. ``timeout`` (seconds) bounds
+    Yields a dict ``rank, world_size, local_rank, local_world_size, backend, device``. Processes started by hand
+    (variables set without torchrun) meet at a store that rank 0 serves on ``MASTER_ADDR`` only
+    (:func:`listening_store`). ``timeout`` (seconds) bounds
     how long a collective waits for the other ranks (PyTorch's default is 30 minutes). ``destroy_process_group`` runs
     on success and on error, so a failing rank does not leave its communicator behind.
     """
@@ -139,6 +203,8 @@ def process_group(backend="auto", timeout=None, store=None):
     if backend == "nccl":
         torch.cuda.set_device(info["device"])
     timeout = seconds(timeout, "timeout", "process_group")
+    if store is None and "TORCHELASTIC_RUN_ID" not in os.environ:  # started by hand: torch's own store would listen
+        store = _own_store(info)  # on every interface; under torchrun its agent serves the store
     dist.init_process_group(backend, rank=info["rank"], world_size=info["world_size"], store=store,
                             timeout=None if timeout is None else timedelta(seconds=timeout))
     try:

@@ -145,7 +145,43 @@ def starts_children(folder, fail=False):
     return "done"
 
 
+def forks_then_dies(folder):
+    """Rank 1 starts a child in a session of its own and is killed at once (SIGKILL: no clean-up of its own runs), faster
+    than any polling launcher looks; rank 0 waits for it at a barrier. The child may not outlive the run."""
+    import signal
+    import subprocess
+
+    if dist.get_rank() == 1:
+        child = subprocess.Popen(["sleep", "600"], start_new_session=True)
+        Path(folder, "orphan.pid").write_text(str(child.pid))
+        os.kill(os.getpid(), signal.SIGKILL)
+    dist.barrier()
+
+
 def puts_rank(queue):
     """Put this rank into a ``multiprocessing`` queue that the launcher passed in (spawn carries queues)."""
     queue.put(dist.get_rank())
     return dist.get_rank()
+
+
+def hand_started_group():
+    """Run as a script with RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT set by hand (no torchrun, no launch): join
+    through process_group, all-reduce, and on rank 0 print the addresses this process listens on, as JSON."""
+    import json
+
+    import psutil
+
+    from mparlib.rendezvous import process_group
+
+    with process_group("gloo", timeout=60) as info:
+        t = torch.ones(1) * (info["rank"] + 1)
+        dist.all_reduce(t)
+        listening = [(c.laddr.ip, c.laddr.port) for c in psutil.Process().net_connections(kind="inet")
+                     if c.status == psutil.CONN_LISTEN]
+        dist.barrier()
+    if info["rank"] == 0:
+        print(json.dumps({"sum": t.item(), "listening": listening}))
+
+
+if __name__ == "__main__":
+    hand_started_group()

@@ -101,6 +101,31 @@ def test_a_checkpoint_without_checksums_is_refused(tmp_path):
         load_sharded(_state(), folder)
 
 
+def test_a_save_from_before_checksums_loads_when_asked_and_still_runs_no_code(tmp_path):
+    folder = _saved(tmp_path / "old", seed=3)
+    (folder / CHECKSUMS).unlink()  # as saved by a version of the course that wrote no checksums
+    state = _state(4)
+    with pytest.raises(CheckpointError, match=r"unverified=True"):
+        load_sharded(state, folder)
+    assert load_sharded(state, folder, unverified=True) == folder
+    assert all(torch.equal(state["model"][k], v) for k, v in _state(3)["model"].items())
+    marker = tmp_path / "ran.txt"
+    (folder / ".metadata").write_bytes(pickle.dumps(_RunsCode(marker)))
+    with pytest.raises(CheckpointError, match=r"not an index that DCP wrote"):
+        load_sharded(_state(), folder, unverified=True)
+    assert not marker.exists()
+
+
+def test_unverified_never_skips_a_list_of_checksums_that_is_there(tmp_path):
+    folder = _saved(tmp_path)
+    shard = next(folder.glob("__*.distcp"))
+    shard.write_bytes(shard.read_bytes()[:100])
+    with pytest.raises(CheckpointError, match=rf"{shard.name} differ"):
+        load_sharded(_state(), tmp_path, unverified=True)
+    with pytest.raises(ConfigError, match="unverified='yes'"):
+        load_sharded(_state(), tmp_path, unverified="yes")
+
+
 def test_a_shape_mismatch_says_what_to_fix(tmp_path):
     _saved(tmp_path)
     with pytest.raises(CheckpointError, match="another shape than the one given to fill"):

@@ -20,7 +20,7 @@ import torch
 
 from launch_workers import (course_error, echo_arguments, exits_early, failing, killed_mid_run, listening_addresses,
                             rank_sum, returns_unpicklable, runs_forever_without_collectives, skips_collective,
-                            starts_children)
+                            starts_children, forks_then_dies)
 from mparlib import launch, rendezvous
 from mparlib.errors import ConfigError, LaunchError, WorkerFailed
 
@@ -121,7 +121,7 @@ def test_a_wall_clock_limit_ends_ranks_that_never_call_a_collective(tmp_path):
     import psutil
 
     with pytest.raises(WorkerFailed, match=r"^the run took longer than limit=20 s, so every rank was stopped"):
-        launch.launch(runs_forever_without_collectives, 2, args=(str(tmp_path),), limit=20, timeout=1, echo=False)
+        launch.launch(runs_forever_without_collectives, 2, args=(str(tmp_path),), limit=20, timeout=10, echo=False)
     pids = [int(f.read_text()) for f in tmp_path.glob("rank*.pid") if f.read_text()]
     assert not any(_alive(p) for p in pids) and not multiprocessing.active_children()
     assert not [c for c in psutil.Process().children() if c.name().startswith("python") and c.status() != "zombie"
@@ -279,6 +279,13 @@ def test_processes_started_by_the_ranks_end_with_the_run(tmp_path, fail):
     assert len(pids) == 4 and _gone_within(pids), f"processes {pids} started by the ranks outlived the run"
 
 
+def test_a_child_started_just_before_its_rank_is_killed_does_not_outlive_the_run(tmp_path):
+    with pytest.raises(WorkerFailed):
+        launch.launch(forks_then_dies, 2, args=(str(tmp_path),), echo=False, timeout=60, limit=300)
+    pid = int((tmp_path / "orphan.pid").read_text())
+    assert _gone_within([pid]), f"process {pid}, started by rank 1 just before it was killed, outlived the run"
+
+
 def test_an_interrupted_launch_stops_every_rank_itself(tmp_path, child_env):
     script = ("import sys, time; from launch_workers import sleeper; from mparlib.launch import launch\n"
               "try:\n    launch(sleeper, 2, args=(sys.argv[1],))\nexcept KeyboardInterrupt:\n"
@@ -340,3 +347,28 @@ def test_worker_names_that_would_hide_a_module_are_refused():
     module = write_worker("mparlib_test_worker_ok", "def f():\n    return 3\n")
     assert module.f() == 3
     assert torch.__name__ == "torch"
+
+
+def test_a_group_started_by_hand_listens_on_loopback_only(tmp_path):
+    """RANK/WORLD_SIZE/MASTER_* set by hand, as a tutorial would: rank 0's store and gloo stay on 127.0.0.1."""
+    import json
+
+    from children import make_child_env
+
+    port = rendezvous.free_port()
+    script = str(Path(__file__).with_name("launch_workers.py"))
+    procs = []
+    for rank in range(2):
+        env = make_child_env(RANK=rank, WORLD_SIZE=2, MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+        env.pop("GLOO_SOCKET_IFNAME", None)
+        procs.append(subprocess.Popen([sys.executable, script], env=env, stdout=subprocess.PIPE, text=True))
+    try:
+        out = [p.communicate(timeout=120)[0] for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    assert [p.returncode for p in procs] == [0, 0], out
+    got = json.loads(out[0].strip().splitlines()[-1])
+    assert got["sum"] == 3.0
+    assert any(p == port for _, p in got["listening"]), got  # rank 0 serves the store itself
+    assert {ip for ip, _ in got["listening"]} <= LOOPBACK, got

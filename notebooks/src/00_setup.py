@@ -20,10 +20,11 @@
 # | 09 Sharding | where the memory goes, ZeRO from primitives, FSDP2, activation memory, sharded checkpoints |
 # | 10 Model parallelism | tensor parallelism (one layer split across devices), pipelines across processes, 2D parallelism |
 # | 11 Long sequences and many experts | sequence parallelism, ring attention (context parallelism), mixture of experts over all-to-all (expert parallelism), all the dimensions side by side |
+# | 12 Planning a run | interleaved and zero-bubble pipeline schedules, a planner that predicts memory and step time of a layout, checked on 8 processes and used on paper for published runs, how to choose |
 #
-# Chapters 01-07 are about data parallelism. The last four look underneath and beyond it: the collective
+# Chapters 01-07 are about data parallelism. The last five look underneath and beyond it: the collective
 # operations it is built on (08), sharding the model's state over the devices (09), splitting the model itself
-# (10), and splitting long sequences and many experts (11).
+# (10), splitting long sequences and many experts (11), and choosing how to combine all of them for a run (12).
 #
 # Code that several chapters share lives in the small package `mparlib`; a chapter defines what it teaches.
 # <!-- ja -->
@@ -45,8 +46,9 @@
 # | 09 シャーディング | メモリの内訳、プリミティブから作る ZeRO、FSDP2、活性化のメモリ、シャーディングしたチェックポイント |
 # | 10 モデル並列 | テンソル並列（1つの層を複数のデバイスに分ける）、プロセスをまたぐパイプライン、2次元並列 |
 # | 11 長い系列と多数のエキスパート | シーケンス並列、リングアテンション（コンテキスト並列）、オールツーオールで動く MoE（エキスパート並列）、すべての次元の比較 |
+# | 12 訓練のプラン | インターリーブとゼロバブルのパイプラインのスケジュール、レイアウトのメモリと 1ステップの時間を予測するプランナー、8個のプロセスでの検証と公表された訓練の机上検討、レイアウトの選び方 |
 #
-# 1〜7章はデータ並列を扱います。最後の 4つの章では、その下と先に進みます。データ並列を支える集合通信（8章）、モデルの状態をデバイスに分けて持つシャーディング（9章）、モデルそのものの分割（10章）、長い系列と多数のエキスパートの分割（11章）です。
+# 1〜7章はデータ並列を扱います。最後の 5つの章では、その下と先に進みます。データ並列を支える集合通信（8章）、モデルの状態をデバイスに分けて持つシャーディング（9章）、モデルそのものの分割（10章）、長い系列と多数のエキスパートの分割（11章）、そしてそれらを組み合わせて 1つの訓練の分け方を選ぶ方法（12章）です。
 #
 # 複数の章で使うコードは小さなパッケージ `mparlib` にまとめています。各章で教える内容そのものは、その章のノートブックの中で定義します。
 
