@@ -143,13 +143,13 @@ class ModelShape:
         return 2 * norm + attention + mlp
 
     def outer_parameters(self):
-        """Parameters outside the blocks: ``{"embedding": ..., "head": ...}`` (the final norm is in ``head``)."""
+        """Parameters outside the blocks: ``{"embedding": ..., "head": ..., "norm": ...}`` (the final norm)."""
         d = self.dim
         embed = self.vocab * d + (self.patch_pixels * d + d if self.patch_pixels else 0)
         embed += self.seq * d if self.positions else 0
         out = self.outputs or self.vocab
         head = 0 if self.tied else out * d + (self.bias and out)
-        return {"embedding": embed, "head": head + (2 if self.norm == "layernorm" else 1) * d}
+        return {"embedding": embed, "head": head, "norm": (2 if self.norm == "layernorm" else 1) * d}
 
     def parameters(self):
         """Every parameter of the model: ``layers x block + embedding + head``."""
@@ -171,38 +171,45 @@ class ModelShape:
         return 3 * (self.layers * block * s + outside)
 
 
-def activation_bytes_per_layer(model, bytes_per_value=4, *, tp=1, sp=False, norm_stats=True):
+def activation_bytes_per_layer(model, bytes_per_value=4, *, tp=1, sp=False, regather=False, norm_stats=True):
     """Bytes one block saves for its backward pass, per token of the sequence. Explained in 12_planning.
 
     The list of what :class:`mparlib.vit.Block` keeps (checked with saved-tensor hooks in the tests), ``e`` bytes
     per value, ``d`` = ``dim``, ``f`` = MLP width, ``a`` = heads, ``s`` = ``seq``:
 
     - each norm's input and output: ``4 d`` (the outputs feed q, k, v and the first MLP matrix),
-    - queries, keys, values ``d + 2 kv``, and the input of the output projection ``d``,
-    - attention: a fused kernel (``model.attention == "flash"``) keeps its output ``d`` and one float32
-      log-sum-exp per head (``4 a`` bytes); ``"scores"`` keeps the softmax output ``a s`` values instead (plus,
+    - queries, keys, values ``d + 2 kv``, and the attention's output ``d``, which is also the output projection's
+      input (PyTorch's kernels write it in the ``(B, T, heads, d / heads)`` layout of their inputs, so the reshape
+      that puts the heads side by side again is a view, not a copy),
+    - attention: a fused kernel (``model.attention == "flash"``) adds a log-sum-exp per head (``a`` values of at
+      least float32); ``"scores"`` (PyTorch's math kernel) keeps the softmax output ``a s`` values instead (plus,
       with dropout, a mask of ``a s`` bytes and the dropped-out copy ``a s`` values),
     - the MLP: its first matrix's output and the activation's output ``2 f`` (gated: ``4 f``); a mixture of experts
-      adds, for each of its ``top_k`` experts, the dispatched input ``d``, and the router's scores,
-    - with dropout, two masks of ``d`` bytes; with ``norm_stats``, each norm's mean and 1/std in float32 (16 bytes).
+      keeps, for each of its ``top_k`` experts, the dispatched input ``d`` and that, and the router's scores,
+    - with dropout, two masks of ``d`` bytes; with ``norm_stats``, each norm's mean and 1/std (at least float32).
 
-    Tensor parallelism (``tp``) splits everything between the norms by ``tp``; sequence parallelism (``sp``) also
-    splits the norms' inputs and outputs and the masks (chapter 11). With ``e = 2``, dropout, scores kept, a 4d MLP
-    and no norm statistics this is Korthikanti et al. (2022): ``d (34 + 5 a s / d)``, divided by ``tp`` with ``sp``.
+    Tensor parallelism (``tp``) splits everything between the norms by ``tp``. Sequence parallelism (``sp``) also
+    splits the norms' inputs, statistics and the masks (chapter 11); the gathered norm outputs stay whole (the
+    course's block keeps them) unless ``regather``: kept split and gathered again in the backward pass
+    (Korthikanti et al., 2022). With ``e = 2``, dropout, scores kept, a 4d MLP and no norm statistics this is their
+    ``d (34 + 5 a s / d)``; divided by ``tp`` with ``sp`` and ``regather``.
     """
     e, d, a = bytes_per_value, model.dim, model.heads
     width = (model.expert_hidden or model.hidden) if model.moe else model.hidden
     mlp = (4 if model.gated else 2) * width
     if model.moe:
         mlp = model.top_k * (d + mlp) + model.experts
-    split = e * (d + 2 * model.kv_dim + d + mlp)  # q, k, v, out-projection input, MLP inside
+    split = e * (d + 2 * model.kv_dim + d + mlp)  # q, k, v, attention output (= out-projection input), MLP inside
+    wide = max(e, 4)  # softmax and norm statistics are kept in float32 at least
     if model.attention == "flash":
-        split += e * d + 4 * a
+        split += wide * a
     else:
         split += a * model.seq * (e + (1 + e if model.dropout else 0))
-    norms = e * 4 * d + (2 * d if model.dropout else 0)  # norm inputs and outputs, dropout masks
-    stats = 16 if norm_stats else 0
-    return split / tp + (norms + stats) / (tp if sp else 1)
+    inputs = e * 2 * d + (2 * d if model.dropout else 0) + (4 * wide if norm_stats else 0)  # + masks, statistics
+    outputs = e * 2 * d  # the norms' outputs: the inputs of q, k, v and of the MLP
+    if not sp:
+        return split / tp + inputs + outputs
+    return split / tp + inputs / tp + outputs / (tp if regather else 1)
 
 
 @dataclass(frozen=True)
@@ -346,9 +353,9 @@ class Layout:
 
 
 def in_flight(layout):
-    """Micro-batches whose activations the first pipeline rank holds at its peak, in units of its whole stage.
+    """Micro-batches the first pipeline rank holds activations of, at its peak, in stages. Explained in 12_planning.
 
-    Explained in 12_planning. Chapter 10's schedules: GPipe runs every forward first (``m``); 1F1B starts a
+    Counted in units of its whole stage; chapter 10's schedules: GPipe runs every forward first (``m``); 1F1B starts a
     backward as soon as it can (``min(m, p)``); zero bubble with the V placement holds as much as 1F1B (Qi et al.,
     2024); interleaved 1F1B holds ``min(m v, p v + p - 1)`` chunks of ``1 / v`` of the stage (Narayanan et al.,
     2021: ``1 + (p - 1) / (p v)`` times 1F1B's ``p``).
@@ -399,18 +406,19 @@ def local_parameters(model, layout):
     table = model.vocab * d
     dense = layers * dense + outer["embedding"] - table + table / t
     if layout.pp == 1:
-        dense += outer["head"] / (t if model.vocab and not model.pooled else 1)
+        dense += outer["head"] / (t if model.vocab and not model.pooled else 1) + outer["norm"]
     return {"dense": dense, "experts": layers * experts}
 
 
-def memory_per_rank(model, layout, global_batch, precision="fp32", optimizer="adam"):
+def memory_per_rank(model, layout, global_batch, precision="fp32", optimizer="adam", regather=False):
     """Bytes the first pipeline rank holds while training: a :class:`Memory`. Explained in 12_planning.
 
     Parameters, gradients and optimizer state: chapter 09's ``zero_bytes_per_rank`` (``precision`` one of its
     ``PRECISIONS``) on this rank's share of the weights (:func:`local_parameters`), sharded over the ranks that hold
     the same weights (``layout.data_ranks()``). Activations: :func:`activation_bytes_per_layer` for each token of a
     micro-batch on this rank (``seq / cp`` of each sample), for each block of its stage, for the micro-batches in
-    flight (:func:`in_flight`); with ``recompute``, only each block's input, plus one block in full. Buffers of
+    flight (:func:`in_flight`); with ``recompute``, only each block's input, plus one block in full (``regather``:
+    as :func:`activation_bytes_per_layer`). Buffers of
     collectives, temporaries and the allocator's fragmentation are not counted.
     """
     one_of(optimizer, "optimizer", OPTIMIZERS, "memory_per_rank")
@@ -422,7 +430,7 @@ def memory_per_rank(model, layout, global_batch, precision="fp32", optimizer="ad
             held = zero_bytes_per_rank(n, layout.data_ranks(kind == "experts"), layout.zero, precision, optimizer)
             parts = {k: parts[k] + held[k] for k in parts}
     e = bytes_per_parameter(precision, optimizer)["params"]  # activations in the compute precision
-    per_token = activation_bytes_per_layer(model, e, tp=layout.tp, sp=layout.sp)
+    per_token = activation_bytes_per_layer(model, e, tp=layout.tp, sp=layout.sp, regather=regather)
     tokens = micro * model.seq / layout.cp
     layers = layout.stage_layers(model)
     if layout.recompute:
@@ -465,9 +473,9 @@ def link(cluster, span):
 
 
 def collective_seconds(cluster, span, calls, sent_bytes):
-    """``calls`` collectives that send ``sent_bytes`` in all from each rank: ``calls x alpha + bytes x beta``.
+    """Seconds of ``calls`` collectives sending ``sent_bytes`` in all from a rank. Explained in 12_planning.
 
-    Explained in 12_planning. ``sent_bytes`` is the ring traffic of chapter 08: ``2 (n - 1) / n`` of the message
+    ``calls x alpha + sent_bytes x beta``; ``sent_bytes`` is the ring traffic of chapter 08: ``2 (n - 1) / n`` of the message
     for an all-reduce, ``(n - 1) / n`` for a reduce-scatter or an all-gather.
     """
     alpha, beta = link(cluster, span)
@@ -512,16 +520,16 @@ def _data_parallel_comm(model, layout, cluster, precision):
         k = layout.data_ranks(kind == "experts")
         if not n or k == 1:
             continue
-        calls = layout.stage_layers(model) + 1  # one bucket per block, one for the rest
+        buckets = layout.stage_layers(model) + 1  # one bucket per block, one for the rest
         if layout.zero == 3:  # all-gather forward and backward per micro-batch, one reduce-scatter
-            rounds = 2 * layout.micro_batches + 1
-        else:  # one all-reduce (ZeRO-1/2: a reduce-scatter and an all-gather) per step
-            rounds = 2
-        total += collective_seconds(cluster, span, calls * rounds, rounds * (k - 1) / k * n * e)
+            calls, rounds = (2 * layout.micro_batches + 1) * buckets, 2 * layout.micro_batches + 1
+        else:  # one all-reduce per step (ZeRO-1/2: a reduce-scatter and an all-gather, the same bytes)
+            calls, rounds = (1 if layout.zero == 0 else 2) * buckets, 2
+        total += collective_seconds(cluster, span, calls, rounds * (k - 1) / k * n * e)
     return total
 
 
-def step_time(model, layout, global_batch, cluster, precision="mixed", overlap=0.0):
+def step_time(model, layout, global_batch, cluster, precision="fp32", overlap=0.0):
     """Predicted seconds of one step of ``layout``: a :class:`StepTime`. Explained in 12_planning.
 
     Compute: ``flops_per_sample x global_batch`` shared by all ranks at ``cluster.flops_per_s`` (4/3 of it with
@@ -602,7 +610,8 @@ def _variants(model, global_batch, degrees, sp, zero, schedules, sizes, recomput
     return list(dict.fromkeys(found))
 
 
-def plan(model, cluster, world, global_batch, *, precision="mixed", optimizer="adam", overlap=0.0, **grid):
+def plan(model, cluster, world, global_batch, *, precision="fp32", optimizer="adam", overlap=0.0, regather=False,
+         **grid):
     """Every valid layout of ``world`` ranks, predicted and ranked. Explained in 12_planning.
 
     Returns a list of :class:`Plan`: those that fit ``cluster.memory_bytes`` first, each group by predicted step
@@ -610,7 +619,7 @@ def plan(model, cluster, world, global_batch, *, precision="mixed", optimizer="a
     """
     rows = []
     for layout in layouts(model, world, global_batch, **grid):
-        memory = memory_per_rank(model, layout, global_batch, precision, optimizer)
+        memory = memory_per_rank(model, layout, global_batch, precision, optimizer, regather)
         time = step_time(model, layout, global_batch, cluster, precision, overlap)
         rows.append(Plan(layout, memory, time, memory.total <= cluster.memory_bytes))
     return sorted(rows, key=lambda r: (not r.fits, r.time.total))
