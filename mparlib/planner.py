@@ -1,4 +1,4 @@
-"""A layout planner: per-rank memory and step time of a parallel layout, from the course's formulas. Explained in 12_planning.
+"""A layout planner: per-rank memory and step time of a layout, from the course's formulas. Explained in 12_planning.
 
 Nothing here runs a model: every number is arithmetic on sizes, each formula taken from the chapter that measured it.
 
@@ -331,7 +331,8 @@ class Layout:
             need.append(("experts", model.experts, "ep", self.ep))
         for size, value, degree, n in need:
             if value % n:
-                _refuse(f"Layout: {size}={value} does not divide by {degree}={n}; pick a {degree} that divides {value}.",
+                _refuse(f"Layout: {size}={value} does not divide by {degree}={n}; pick a {degree} that divides "
+                        f"{value}.",
                         f"Layout: {size}={value} は {degree}={n} で割り切れません。{value} を割り切る {degree} を"
                         "選んでください。")
         if self.ep > 1 and not model.moe:
@@ -475,8 +476,8 @@ def link(cluster, span):
 def collective_seconds(cluster, span, calls, sent_bytes):
     """Seconds of ``calls`` collectives sending ``sent_bytes`` in all from a rank. Explained in 12_planning.
 
-    ``calls x alpha + sent_bytes x beta``; ``sent_bytes`` is the ring traffic of chapter 08: ``2 (n - 1) / n`` of the message
-    for an all-reduce, ``(n - 1) / n`` for a reduce-scatter or an all-gather.
+    ``calls x alpha + sent_bytes x beta``; ``sent_bytes`` is the ring traffic of chapter 08: ``2 (n - 1) / n`` of
+    the message for an all-reduce, ``(n - 1) / n`` for a reduce-scatter or an all-gather.
     """
     alpha, beta = link(cluster, span)
     return calls * alpha + sent_bytes * beta
