@@ -306,6 +306,20 @@ class Layout:
                     f"micro_batches={self.micro_batches} < pp={self.pp} です。micro_batches を {self.pp} 以上に"
                     "してください。")
 
+    def label(self):
+        """A short name such as ``"dp64 tp8+sp pp16 i1F1B x2 ZeRO-1 rc"`` (degrees of 1 left out)."""
+        parts = [f"dp{self.dp}"] if self.dp > 1 else []
+        if self.tp > 1:
+            parts.append(f"tp{self.tp}" + ("+sp" if self.sp else ""))
+        parts += [f"{name}{n}" for name, n in (("cp", self.cp), ("ep", self.ep)) if n > 1]
+        if self.pp > 1:
+            names = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved1f1b": "i1F1B", "zbv": "ZBV"}
+            parts.append(f"pp{self.pp} {names[self.schedule]}"
+                         + (f" x{self.stages_per_rank}" if self.schedule == "interleaved1f1b" else ""))
+        if self.dp * self.cp * self.ep > 1:
+            parts.append(f"ZeRO-{self.zero}" if self.zero else "DDP")
+        return " ".join(parts + (["rc"] if self.recompute else [])) or "1 rank"
+
     def world(self):
         """The number of ranks: ``dp x tp x cp x ep x pp``."""
         return self.dp * self.tp * self.cp * self.ep * self.pp

@@ -298,3 +298,10 @@ def test_recompute_trades_memory_for_a_third_more_compute():
     m0, m1 = (planner.memory_per_rank(model, x, 64, "mixed") for x in (base, again))
     assert m1.activations < m0.activations / 8
     assert math.isclose(m1.parameters, m0.parameters)
+
+
+def test_labels_name_every_degree_that_is_not_one():
+    assert planner.Layout().label() == "1 rank"
+    assert planner.Layout(dp=64, tp=8, sp=True, pp=16, micro_batches=32, schedule="interleaved1f1b",
+                          stages_per_rank=2, zero=1, recompute=True).label() == "dp64 tp8+sp pp16 i1F1B x2 ZeRO-1 rc"
+    assert planner.Layout(cp=2, ep=4).label() == "cp2 ep4 DDP"
