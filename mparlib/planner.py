@@ -433,7 +433,8 @@ def memory_per_rank(model, layout, global_batch, precision="fp32", optimizer="ad
     the same weights (``layout.data_ranks()``). Activations: :func:`activation_bytes_per_layer` for each token of a
     micro-batch on this rank (``seq / cp`` of each sample), for each block of its stage, for the micro-batches in
     flight (:func:`in_flight`); with ``recompute``, only each block's input, plus one block in full (``regather``:
-    as :func:`activation_bytes_per_layer`). Buffers of
+    as :func:`activation_bytes_per_layer`). Without a pipeline it is also the last rank and adds the output scores
+    of one micro-batch with their float32 copy for the loss (``tokens x outputs / tp x (e + 4)``). Buffers of
     collectives, temporaries and the allocator's fragmentation are not counted.
     """
     one_of(optimizer, "optimizer", OPTIMIZERS, "memory_per_rank")
@@ -453,6 +454,8 @@ def memory_per_rank(model, layout, global_batch, precision="fp32", optimizer="ad
         activations = tokens * (kept * layers * in_flight(layout) + per_token)
     else:
         activations = tokens * per_token * layers * in_flight(layout)
+    if layout.pp == 1 and not model.pooled:  # this rank is also the last: the scores and the loss's float32 copy
+        activations += tokens * (model.outputs or model.vocab) / layout.tp * (e + 4)
     return Memory(parts["params"], parts["grads"], parts["optimizer"], activations)
 
 

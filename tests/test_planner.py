@@ -116,8 +116,9 @@ def test_two_layer_model_on_two_data_parallel_ranks_with_zero1_by_hand():
     assert (mem.parameters, mem.gradients, mem.optimizer) == (4 * n, 4 * n, 8 * n / 2)
     # 3 samples of 4 tokens per rank, 2 blocks; per token 4 bytes x (4 d norms' inputs and outputs + 4 d q, k, v
     # and attention output + 2 f MLP) + 2 heads' log-sum-exp x 4 + 4 statistics x 4 = 4 x 128 + 8 + 16 = 536
-    assert mem.activations == 3 * 4 * 2 * 536
-    assert mem.total == 4 * n + 4 * n + 4 * n + 3 * 4 * 2 * 536
+    # and, as the last rank too, the 16 output scores of each token in fp32 plus the loss's fp32 copy: 3 x 4 x 16 x 8
+    assert mem.activations == 3 * 4 * 2 * 536 + 3 * 4 * 16 * 8
+    assert mem.total == 4 * n + 4 * n + 4 * n + 3 * 4 * 2 * 536 + 3 * 4 * 16 * 8
 
 
 @pytest.mark.parametrize("stage, shards", [(0, (1, 1, 1)), (1, (1, 1, 4)), (2, (1, 4, 4)), (3, (4, 4, 4))])
@@ -290,13 +291,16 @@ def test_the_ranking_on_a_tiny_grid_is_stable_and_explained():
 
 def test_recompute_trades_memory_for_a_third_more_compute():
     model = planner.ModelShape.published("llama3-8b")
-    base = planner.Layout(dp=8, tp=8, sp=True, zero=1)
-    again = planner.Layout(dp=8, tp=8, sp=True, zero=1, recompute=True)
+    base = planner.Layout(dp=4, tp=8, sp=True, pp=2, micro_batches=16, zero=1)
+    again = planner.Layout(dp=4, tp=8, sp=True, pp=2, micro_batches=16, zero=1, recompute=True)
     h100 = planner.Cluster.h100()
     t0, t1 = (planner.step_time(model, x, 64, h100, "mixed") for x in (base, again))
     assert t1.compute == pytest.approx(t0.compute * 4 / 3)
     m0, m1 = (planner.memory_per_rank(model, x, 64, "mixed") for x in (base, again))
-    assert m1.activations < m0.activations / 8
+    # kept: 16 blocks x 2 micro-batches in flight x 8192 tokens x 4096 / 8 x 2 bytes, and one block in full
+    per_token = planner.activation_bytes_per_layer(model, 2, tp=8, sp=True)
+    assert m1.activations == 8192 * (16 * 2 * 4096 / 8 * 2 + per_token)
+    assert m0.activations == 8192 * 16 * 2 * per_token
     assert math.isclose(m1.parameters, m0.parameters)
 
 
