@@ -40,8 +40,9 @@
 #
 # Ranks are numbered with the tensor-parallel ranks next to each other, then context, expert and data parallel
 # ranks, and the pipeline stages outermost; a group whose ranks do not fit in one node uses the slower link.
-# Nothing is assumed to overlap, except a share `overlap` (default 0) of the data-parallel collectives: chapter 6
-# measured on CPU processes that they do not hide.
+# Nothing is assumed to overlap, except a share `overlap` of the data-parallel collectives (DDP's buckets of
+# chapter 6 and FSDP's prefetching hide part of them behind the backward pass). Its default, 0, hides nothing; set
+# it from a measurement of your own.
 #
 # First the sizes. The planner's parameter count of the small ViT is that of the real model:
 # <!-- ja -->
@@ -69,7 +70,7 @@
 # | データ並列 | 1ステップに 1回の勾配のオールリデュース（ZeRO-1/2 はリデュース・スキャッター + オールギャザー、ZeRO-3 はマイクロバッチごとに順伝播と逆伝播で 1回ずつのオールギャザーと、1回のリデュース・スキャッター） | 6章、9章 |
 # | パイプライン | マイクロバッチとステージごとに、順伝播で活性化を 1回、逆伝播で勾配を 1回送ります。バブルはステップのうち `bubble_formula` の割合 `b` で、`busy x b / (1 - b)` です | 10章 |
 #
-# ランクの番号は、テンソル並列のランクを隣り合わせに置き、その外にコンテキスト並列、エキスパート並列、データ並列のランク、いちばん外にパイプラインのステージを置く順に振ります。1つのノードに収まらないグループは遅いほうのリンクを使います。重なる通信は仮定しません。例外はデータ並列の集合通信のうち `overlap` の割合（既定値は 0）だけです。6章で、CPU のプロセスではこれが計算の陰に隠れないことを測りました。
+# ランクの番号は、テンソル並列のランクを隣り合わせに置き、その外にコンテキスト並列、エキスパート並列、データ並列のランク、いちばん外にパイプラインのステージを置く順に振ります。1つのノードに収まらないグループは遅いほうのリンクを使います。重なる通信は仮定しません。例外はデータ並列の集合通信のうち `overlap` の割合だけです（6章の DDP のバケットや FSDP のプリフェッチは、その一部を逆伝播の陰に隠します）。既定値の 0 では何も隠れません。自分で測った値を設定してください。
 #
 # まずサイズです。プランナーが数える small の ViT のパラメータ数は、実際のモデルと同じです。
 
@@ -465,7 +466,7 @@ assert round(scores, 2) == 0.57
 # A procedure for a model and a cluster of your own, in the order the chapters built it:
 #
 # 1. **Measure the cluster.** The FLOP/s one device reaches on your model's matrix sizes while all devices
-#    compute (chapter 7's `measure`), and `alpha` and `beta` of an all-reduce inside a node and across nodes with
+#    compute (chapter 7 measured a device's peak with a large matrix product), and `alpha` and `beta` of an all-reduce inside a node and across nodes with
 #    chapter 8's `bandwidth_worker` and `fit_alpha_beta`, at the group sizes you mean to use;
 #    `Cluster.from_fit(fit, ranks, ...)` turns a fit into the planner's link. Check the memory a device really
 #    gives you (chapter 9's `PeakMemory` on one step) and leave room for what the planner does not count.
@@ -496,7 +497,7 @@ assert round(scores, 2) == 0.57
 #
 # 自分のモデルと自分のクラスタのための手順です。章を進めてきた順に並べます。
 #
-# 1. **手元のクラスタを測ります。** すべてのデバイスが同時に計算しているときに、1つのデバイスが自分のモデルの行列のサイズで出せる FLOP/s（7章の `measure`）と、ノード内とノード間のオールリデュースの `alpha` と `beta`（8章の `bandwidth_worker` と `fit_alpha_beta`、使うつもりのグループのサイズで）を測ります。`Cluster.from_fit(fit, ranks, ...)` は、当てはめた結果をプランナーのリンクに変えます。デバイスで実際に使えるメモリも確かめ（9章の `PeakMemory` で 1ステップ分）、プランナーが数えないものの分の余裕を残します。
+# 1. **手元のクラスタを測ります。** すべてのデバイスが同時に計算しているときに、1つのデバイスが自分のモデルの行列のサイズで出せる FLOP/s（7章では大きな行列の積でデバイスのピークを測りました）と、ノード内とノード間のオールリデュースの `alpha` と `beta`（8章の `bandwidth_worker` と `fit_alpha_beta`、使うつもりのグループのサイズで）を測ります。`Cluster.from_fit(fit, ranks, ...)` は、当てはめた結果をプランナーのリンクに変えます。デバイスで実際に使えるメモリも確かめ（9章の `PeakMemory` で 1ステップ分）、プランナーが数えないものの分の余裕を残します。
 # 2. **まずメモリに収めます。** パラメータあたりのバイト数 x パラメータ数（9章）で、データ並列だけで状態を持てるかがわかります。ZeRO-1 や 2 は少ない通信でオプティマイザの分の大半をなくし、ZeRO-3（FSDP）はマイクロバッチごとのオールギャザーと引き換えに残りもなくします。次に活性化です。`activation_bytes_per_layer` x トークン数 x ブロック数 x スケジュールで処理中のマイクロバッチの数です。
 # 3. **テンソル並列はノードの中で、必要な分だけ使います。** 重みと活性化をまとめて分けますが、ランクあたりの通信量は `t` とともに増え、しかもクリティカルパスの上にあります。グループはいちばん速いリンクの上に置き、領域の間の活性化にはシーケンス並列（11章）を使います。
 # 4. **それでもモデルが大きすぎれば、ノードをまたいでパイプラインを使います。** メッセージは小さい 1対1通信で、遅いリンクをまたいでも困りません。バブルを小さく保つため、マイクロバッチの数をステージの数の 4〜8倍以上にするか、インターリーブする（10章）か、その両方にします。
