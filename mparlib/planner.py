@@ -558,7 +558,7 @@ def step_time(model, layout, global_batch, cluster, precision="fp32", overlap=0.
     (:func:`link`; groups laid out tp innermost, then cp, ep, dp, pp outermost). The bubble: chapter 10's
     ``bubble_formula`` share ``b`` of a step whose busy part is compute plus tp, cp, ep and pp communication, so
     ``busy x b / (1 - b)``. ``overlap``: the share of the data-parallel collectives hidden under compute (0: none
-    hidden, as chapter 06 measured on CPU processes; at most the compute time is hidden).
+    hidden, the default; at most the compute time is hidden). ``precision``: one of chapter 09's ``PRECISIONS``.
     """
     one_of(precision, "precision", tuple(PRECISIONS), "step_time")
     overlap = finite_float(overlap, "overlap", 0.5, "step_time", minimum=0)
