@@ -8,6 +8,13 @@ ranks sat idle, to set beside :func:`bubble_formula`, ``(p - 1) / (m + p - 1)``;
 :func:`mparlib.diagrams.draw_timeline` draws the notes. :func:`measure_bubble` is the experiment of the chapter and
 of ``benchmarks/pipeline.py``: stages of equal compute (:func:`uniform_stage`), every schedule and number of
 micro-batches, busy intervals measured on each rank.
+
+Chapter 12 goes beyond one stage per rank: interleaved 1F1B places ``v`` stages on each rank in a loop, the
+zero-bubble schedules split the backward into an input-gradient and a weight-gradient pass, and ZBV and DualPipeV
+place two stages in a V (:func:`stage_indices`, :func:`check_micro_batches`). :func:`simulate_schedule` replays
+torch's order of passes with fixed times; :func:`measure_schedules` runs the schedules on real ranks, checks their
+gradients against one process, and measures their bubbles and the activations they hold (:func:`in_flight`,
+:func:`saved_bytes`).
 Explained in 10_model_parallel.
 """
 import time
@@ -388,12 +395,12 @@ def _parity(full, named_grads, x, target):
     return max((named_grads[n] - g).abs().max().item() for n, g in reference.items())
 
 
-def _pass_medians(notes_per_rank):
+def _pass_times(notes_per_rank, statistic):
     kinds = {}
     for notes in notes_per_rank:
         for kind, _, start, end, _ in notes:
             kinds.setdefault(kind, []).append(end - start)
-    return {k: median(v) for k, v in sorted(kinds.items())}
+    return {k: statistic(v) for k, v in sorted(kinds.items())}
 
 
 def _run_schedule(full, name, m, x, target, steps, warmup):
@@ -443,7 +450,10 @@ def measure_schedules(schedules=("1f1b", "interleaved1f1b", "zbv", "dualpipev"),
     gradient in the first step from one process on the whole batch, same dtype), ``"measured"`` (median bubble),
     ``"steps"`` (each step's bubble), ``"formula"`` (:func:`bubble_formula`, or ``None`` if it has none),
     ``"simulated"`` (:func:`simulate_schedule` with this run's median pass times), ``"notes"`` (every rank's notes
-    of the last step, seconds from its first start), ``"passes"`` (median seconds per kind of pass),
+    of the last step, seconds from its first start), ``"passes"`` and ``"fastest"`` (median and shortest seconds
+    per kind of pass; on a shared machine a pass can be slowed, never sped up, so the shortest is the work itself),
+    ``"gap_per_pass"`` (how much longer the last step took than its replay with the median pass times, per pass of
+    a rank: the time spent between passes, on messages and the schedule's own work),
     ``"in_flight"`` (per rank, until the input gradient and until the weight gradient), ``"saved_bytes"`` (one
     stage, one micro-batch; :func:`saved_bytes`) and ``"stage_layers"``. A schedule that cannot run ``m`` on ``p``
     ranks (:func:`check_micro_batches`) is left out of that ``m``.
@@ -453,7 +463,7 @@ def measure_schedules(schedules=("1f1b", "interleaved1f1b", "zbv", "dualpipev"),
     if layers % (2 * world):
         raise ConfigError(tr(f"measure_schedules: layers={layers} must divide into 2 x {world} equal stages; use a "
                              f"multiple of {2 * world}, e.g. {4 * world}.",
-                             f"measure_schedules: layers={layers} を 2 x {world} 個の等しいステージに分けられません。"
+                             f"measure_schedules: layers={layers} を 2 x {world}個の等しいステージに分けられません。"
                              f"{2 * world} の倍数（例えば {4 * world}）にしてください。"))
     if not dist.is_initialized():
         raise ConfigError(tr("measure_schedules is a worker: run it in processes, e.g. "
@@ -482,15 +492,21 @@ def measure_schedules(schedules=("1f1b", "interleaved1f1b", "zbv", "dualpipev"),
 def _entry(full, name, m, run, x, target, rows, width):
     """What rank 0 reports of one schedule and ``m``."""
     world, per = len(run["notes"]), run["stage_modules"]
-    passes = _pass_medians(run["notes"])
+    passes = _pass_times(run["notes"], median)
     t_f = passes["F"]
     t_b = passes.get("I", passes.get("B", 0.0) / 2)
     t_w = passes.get("W", passes.get("B", 0.0) / 2)
-    simulated = bubble_fraction(simulate_schedule(name, world, m, (t_f, t_b, t_w)))
+    replay = simulate_schedule(name, world, m, (t_f, t_b, t_w))
+
+    def span(notes):
+        return max(n[3] for rank in notes for n in rank) - min(n[2] for rank in notes for n in rank)
+
+    passes_per_rank = sum(len(rank) for rank in run["notes"]) / world
     v = _SCHEDULES[name][2]
     formula = bubble_formula(world, m, schedule=name, stages_per_rank=v) if name in BUBBLE_SCHEDULES else None
     return {"parity": _parity(full, run["grads"], x, target), "measured": median(run["bubbles"]),
-            "steps": run["bubbles"], "formula": formula, "simulated": simulated, "notes": run["notes"],
-            "passes": passes, "stage_layers": per // 2,
+            "steps": run["bubbles"], "formula": formula, "simulated": bubble_fraction(replay), "notes": run["notes"],
+            "gap_per_pass": (span(run["notes"]) - span(replay)) / passes_per_rank,
+            "passes": passes, "fastest": _pass_times(run["notes"], min), "stage_layers": per // 2,
             "in_flight": [{"I": in_flight(n, "I"), "W": in_flight(n, "W")} for n in run["notes"]],
             "saved_bytes": saved_bytes(full[:per], rows, width, x.dtype)}
