@@ -152,30 +152,44 @@ def ring_figure(k=4):
     return fig
 
 
-_KINDS = {"F": ("forward", "順伝播"), "B": ("backward", "逆伝播")}
+_KINDS = {"F": ("forward", "順伝播"), "B": ("backward", "逆伝播"),
+          "I": ("backward, input gradient", "逆伝播（入力の勾配）"),
+          "W": ("backward, weight gradient", "逆伝播（重みの勾配）")}
+_HATCH = {"F": None, "B": "//", "I": "\\\\", "W": None}
+_W_COLOR = "0.78"  # weight-gradient passes: one grey for every micro-batch, so that they stand out as filler
 
 
 def draw_timeline(ax, records_per_rank, title="", unit=1e3, xlabel=None, row_label=None):
     """Draw each rank's notes as a row of bars: forward filled, backward hatched. Explained in 10_model_parallel.
 
-    ``records_per_rank[r]`` lists rank ``r``'s ``(kind, micro_batch, start, end)``; times are multiplied by ``unit``
-    (``1e3``: seconds to milliseconds; ``1`` for a simulated schedule counted in ticks). Bars are coloured by
-    micro-batch and numbered; rows are called "rank r" unless ``row_label`` (a function of ``r``) names them;
-    labels are in the notebook's language.
+    ``records_per_rank[r]`` lists rank ``r``'s ``(kind, micro_batch, start, end)`` notes, or the
+    ``(kind, micro_batch, start, end, stage)`` of :func:`mparlib.schedules.rank_notes`; times are multiplied by
+    ``unit`` (``1e3``: seconds to milliseconds; ``1`` for a simulated schedule counted in ticks). Forward bars are
+    coloured by micro-batch and numbered; a whole backward is hatched ``//``, an input-gradient pass ``\\``, and a
+    weight-gradient pass is grey. A rank with two stages keeps one row: bars of its second stage carry a prime
+    (``3'``). Rows are called "rank r" unless ``row_label`` (a function of ``r``) names them; labels are in the
+    notebook's language. Explained further in 12_planning.
     """
+    primed = False
     for r, notes in enumerate(records_per_rank):
-        for kind, i, start, end in notes:
-            ax.broken_barh([(start * unit, (end - start) * unit)], (r - 0.4, 0.8), facecolors=f"C{i % 10}",
-                           edgecolor="black", linewidth=0.5, hatch="//" if kind == "B" else None,
-                           alpha=0.55 if kind == "B" else 1.0)
-            ax.text((start + end) / 2 * unit, r, str(i), ha="center", va="center", fontsize=8)
+        stages = sorted({n[4] for n in notes if len(n) > 4})
+        for kind, i, start, end, *rest in notes:
+            second = bool(rest) and stages.index(rest[0]) > 0
+            primed = primed or second
+            ax.broken_barh([(start * unit, (end - start) * unit)], (r - 0.4, 0.8),
+                           facecolors=_W_COLOR if kind == "W" else f"C{i % 10}", edgecolor="black", linewidth=0.5,
+                           hatch=_HATCH[kind], alpha=0.55 if kind in "BI" else 1.0)
+            ax.text((start + end) / 2 * unit, r, f"{i}'" if second else str(i), ha="center", va="center", fontsize=8)
     row_label = row_label or (lambda r: tr(f"rank {r}", f"ランク {r}"))
     ax.set_yticks(range(len(records_per_rank)), [row_label(r) for r in range(len(records_per_rank))])
     ax.set_ylim(len(records_per_rank) - 0.5, -0.5)
     ax.set_title(title, fontsize=10)
     ax.set_xlabel(xlabel if xlabel is not None else tr("time (ms)", "時間（ms）"))
-    kinds = [k for k in _KINDS if any(kind == k for notes in records_per_rank for kind, *_ in notes)]
-    ax.legend(handles=[Patch(facecolor="white", edgecolor="black", hatch="//" if k == "B" else None,
-                             label=tr(*_KINDS[k])) for k in kinds], fontsize=8, loc="center left",
-              bbox_to_anchor=(1.01, 0.5))  # beside the axes, never over a bar
+    kinds = [k for k in _KINDS if any(n[0] == k for notes in records_per_rank for n in notes)]
+    handles = [Patch(facecolor=_W_COLOR if k == "W" else "white", edgecolor="black", hatch=_HATCH[k],
+                     label=tr(*_KINDS[k])) for k in kinds]
+    if primed:
+        handles.append(Patch(facecolor="none", edgecolor="none", label=tr("3' = micro-batch 3, rank's 2nd stage",
+                                                                          "3' = マイクロバッチ 3、ランクの 2つ目のステージ")))
+    ax.legend(handles=handles, fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))  # beside the axes
     return ax
