@@ -1,0 +1,311 @@
+"""The layout planner (mparlib.planner) against the real model and against arithmetic done by hand.
+
+Parameters are compared with ``sum(p.numel())`` of the course's ViT, FLOPs with ``FlopCounterMode`` (PyTorch's math
+attention kernel, whose matmuls it sees), activation bytes with what autograd really saves for a block (a
+saved-tensor hook, each storage once). The rest is arithmetic written out in the tests' comments, the published
+activation formula of Korthikanti et al. (2022), refused layouts and the ranking of a small grid.
+"""
+import math
+
+import pytest
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils.flop_counter import FlopCounterMode
+
+from mparlib import planner
+from mparlib.collectives import predict_seconds
+from mparlib.errors import ConfigError
+from mparlib.schedules import bubble_formula
+from mparlib.vit import Block, ViTConfig, vit
+
+CONFIGS = [ViTConfig(), ViTConfig(dim=256, depth=6, heads=8, hidden=512), ViTConfig(dim=48, depth=3, heads=3,
+                                                                                     hidden=200, patch=7, classes=5)]
+
+
+def saved_storage_bytes(module, x, backend):
+    """Bytes of every storage autograd keeps for the backward of ``module(x)``, parameters left out."""
+    params = {p.untyped_storage().data_ptr() for p in module.parameters()}
+    seen = {}
+
+    def pack(t):
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in params:
+            seen[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with sdpa_kernel(backend), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        module(x)
+    return sum(seen.values())
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+def test_parameters_equal_the_real_vit(config):
+    model = vit("smoke", **config.__dict__)
+    assert planner.ModelShape.from_vit(config).parameters() == sum(p.numel() for p in model.parameters())
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+def test_flops_equal_what_the_flop_counter_sees(config):
+    shape, model = planner.ModelShape.from_vit(config), vit("smoke", **config.__dict__)
+    x = torch.randn(3, 1, 28, 28)
+    with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as forward:
+        model(x)
+    with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as both:
+        model(x).sum().backward()
+    assert 3 * forward.get_total_flops() == shape.flops_per_sample() * 3
+    # the convention counts a gradient for the images too (3 x forward); nobody computes it: the patch
+    # embedding's 2 x pixels x dim x tokens FLOPs per sample are missing from the real backward
+    conv = 2 * config.patch ** 2 * config.dim * shape.seq * 3
+    assert both.get_total_flops() == shape.flops_per_sample() * 3 - conv
+
+
+def test_flops_of_the_smoke_vit_by_hand():
+    # d = 64, s = 49, f = 128, 4 blocks, 16 pixels per patch, 10 classes
+    # block per token: projections 2 x 4 x 64^2 = 32768, scores and A V 4 x 49 x 64 = 12544, MLP 2 x 2 x 64 x 128
+    # = 32768: 78080; x 49 tokens x 4 blocks = 15,303,680; patches 2 x 16 x 64 x 49 = 100,352; head 2 x 64 x 10
+    # = 1,280; forward 15,405,312; x 3
+    assert planner.ModelShape.from_vit(ViTConfig()).flops_per_sample() == 3 * 15_405_312
+
+
+@pytest.mark.parametrize("backend, attention", [(SDPBackend.FLASH_ATTENTION, "flash"), (SDPBackend.MATH, "scores")])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("config", CONFIGS)
+def test_activation_bytes_equal_what_a_block_saves(backend, attention, dtype, config):
+    # the course's CPU attention is the fused kernel (its backward is ScaledDotProductFlashAttentionForCpuBackward0)
+    batch, tokens = 3, (28 // config.patch) ** 2
+    block = Block(config.dim, config.heads, config.hidden).to(dtype)
+    x = torch.randn(batch, tokens, config.dim, dtype=dtype, requires_grad=True)
+    shape = planner.ModelShape.from_vit(config)
+    shape = planner.ModelShape(**{**shape.__dict__, "attention": attention})
+    e = torch.finfo(dtype).bits // 8
+    predicted = planner.activation_bytes_per_layer(shape, e) * batch * tokens
+    assert saved_storage_bytes(block, x, backend) == predicted
+
+
+def test_the_default_cpu_kernel_is_the_flash_one():
+    block, x = Block(64, 4, 128), torch.randn(2, 49, 64, requires_grad=True)
+    names = set()
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: names.add(type(t.grad_fn).__name__) or t, lambda t: t):
+        block(x)
+    assert any("Flash" in n for n in names)
+    shape = planner.ModelShape.from_vit(ViTConfig())
+    assert saved_storage_bytes(block, x, SDPBackend.FLASH_ATTENTION) == planner.activation_bytes_per_layer(shape) * 98
+
+
+@pytest.mark.parametrize("dim, heads, seq", [(4096, 32, 2048), (12288, 96, 2048), (1024, 16, 512)])
+@pytest.mark.parametrize("tp", [1, 2, 8])
+def test_korthikanti_formula_is_the_special_case(dim, heads, seq, tp):
+    # 16-bit values, dropout, scores kept, MLP 4d, no norm statistics: s b d (34 + 5 a s / d) per layer
+    shape = planner.ModelShape(layers=1, dim=dim, heads=heads, hidden=4 * dim, seq=seq, attention="scores",
+                               dropout=True)
+    per_token = lambda **kw: planner.activation_bytes_per_layer(shape, 2, tp=tp, norm_stats=False, **kw)  # noqa: E731
+    full = dim * (34 + 5 * heads * seq / dim)
+    assert per_token(sp=tp > 1, regather=True) == pytest.approx(full / tp, rel=1e-12)
+    # tensor parallelism alone: s b d (10 + 24 / t + 5 a s / (d t))
+    assert per_token() == pytest.approx(dim * (10 + 24 / tp + 5 * heads * seq / (dim * tp)), rel=1e-12)
+
+
+def test_two_layer_model_on_two_data_parallel_ranks_with_zero1_by_hand():
+    model = planner.ModelShape(layers=2, dim=8, heads=2, hidden=32, seq=4, vocab=16)
+    n = model.parameters()
+    # 2 blocks x (norms 4 x 8 + attention 4 x 64 + MLP 2 x 8 x 32) + table 16 x 8 + head 16 x 8 + final norm 16
+    assert n == 2 * (32 + 256 + 512) + 128 + 128 + 16 == 1872
+    layout = planner.Layout(dp=2, zero=1)
+    mem = planner.memory_per_rank(model, layout, global_batch=6, precision="fp32", optimizer="adam")
+    # fp32 Adam: params 4N, grads 4N, optimizer state 8N / 2 ranks
+    assert (mem.parameters, mem.gradients, mem.optimizer) == (4 * n, 4 * n, 8 * n / 2)
+    # 3 samples of 4 tokens per rank, 2 blocks; per token 4 bytes x (4 d norms' inputs and outputs + 4 d q, k, v
+    # and attention output + 2 f MLP) + 2 heads' log-sum-exp x 4 + 4 statistics x 4 = 4 x 128 + 8 + 16 = 536
+    # and, as the last rank too, the 16 output scores of each token in fp32 plus the loss's fp32 copy: 3 x 4 x 16 x 8
+    assert mem.activations == 3 * 4 * 2 * 536 + 3 * 4 * 16 * 8
+    assert mem.total == 4 * n + 4 * n + 4 * n + 3 * 4 * 2 * 536 + 3 * 4 * 16 * 8
+
+
+@pytest.mark.parametrize("stage, shards", [(0, (1, 1, 1)), (1, (1, 1, 4)), (2, (1, 4, 4)), (3, (4, 4, 4))])
+def test_zero_stages_shard_what_chapter_09_says(stage, shards):
+    model = planner.ModelShape(layers=4, dim=16, heads=2, hidden=64, seq=8, vocab=32)
+    n = model.parameters()
+    mem = planner.memory_per_rank(model, planner.Layout(dp=4, zero=stage), 8, precision="mixed")
+    # mixed precision with Adam: 2 + 2 + 12 = 16 bytes per parameter
+    assert (mem.parameters, mem.gradients, mem.optimizer) == (2 * n / shards[0], 2 * n / shards[1], 12 * n / shards[2])
+
+
+def test_tensor_and_pipeline_parallel_parameters_by_hand():
+    # 4 blocks of d 8, f 32, biases, LayerNorm; a token table of 16 rows, an untied head
+    model = planner.ModelShape(layers=4, dim=8, heads=2, hidden=32, seq=4, vocab=16, bias=True)
+    local = planner.local_parameters(model, planner.Layout(tp=2, pp=2, micro_batches=2))
+    # first stage: 2 blocks; per block norms 32 whole; q, k, v (64 + 8 each) and out's weight 64 split by 2;
+    # out's bias 8 whole; fc1 (256 + 32) and fc2's weight 256 split by 2, fc2's bias 8 whole; table 128 / 2
+    block = 32 + (3 * 72 + 64) / 2 + 8 + (288 + 256) / 2 + 8
+    assert local == {"dense": 2 * block + 64, "experts": 0}
+    # without a pipeline the rank also holds the head (weight and bias split by 2) and the final norm (whole)
+    assert planner.local_parameters(model, planner.Layout(tp=2))["dense"] == 4 * block + 64 + (128 + 16) / 2 + 16
+
+
+def test_experts_are_split_by_ep_and_data_parallel_over_dp():
+    model = planner.ModelShape(layers=2, dim=8, heads=2, hidden=16, seq=4, experts=4, top_k=2)
+    local = planner.local_parameters(model, planner.Layout(dp=2, ep=2))
+    assert local["experts"] == 2 * 4 * (2 * 8 * 16) / 2  # 2 layers x 4 experts x 256 weights, half of them here
+    assert planner.Layout(dp=2, ep=2).data_ranks() == 4 and planner.Layout(dp=2, ep=2).data_ranks(experts=True) == 2
+
+
+@pytest.mark.parametrize("schedule, v, m, p, expected", [
+    ("gpipe", 1, 8, 4, 8), ("1f1b", 1, 8, 4, 4), ("1f1b", 1, 4, 4, 4), ("zbv", 2, 8, 4, 4),
+    ("interleaved1f1b", 2, 16, 4, 5.5)])  # (p v + p - 1) / v = (8 + 3) / 2
+def test_micro_batches_in_flight_follow_the_schedules(schedule, v, m, p, expected):
+    layout = planner.Layout(pp=p, micro_batches=m, schedule=schedule, stages_per_rank=v)
+    assert planner.in_flight(layout) == pytest.approx(expected)
+    if schedule == "interleaved1f1b":
+        assert planner.in_flight(layout) == pytest.approx(p * (1 + (p - 1) / (p * v)))
+
+
+def cluster(**changes):
+    base = dict(devices_per_node=4, memory_bytes=1e9, flops_per_s=1e9, alpha_intra=1e-5, beta_intra=1e-9,
+                alpha_inter=1e-4, beta_inter=1e-8)
+    return planner.Cluster(**{**base, **changes})
+
+
+def test_data_parallel_step_time_by_hand():
+    model = planner.ModelShape(layers=2, dim=8, heads=2, hidden=32, seq=4, vocab=16)
+    n, flops = model.parameters(), model.flops_per_sample()
+    t = planner.step_time(model, planner.Layout(dp=2), 6, cluster(), precision="fp32")
+    assert t.compute == pytest.approx(flops * 6 / (2 * 1e9))
+    # one all-reduce per step in 3 buckets (2 blocks + the rest): 3 alpha + 2 (2 - 1) / 2 x 4N bytes x beta
+    assert t.dp == pytest.approx(3 * 1e-5 + 4 * n * 1e-9)
+    assert t.total == pytest.approx(t.compute + t.dp)
+    half = planner.step_time(model, planner.Layout(dp=2), 6, cluster(), precision="fp32", overlap=0.5)
+    assert half.total == pytest.approx(t.compute + t.dp / 2)
+
+
+def test_tensor_parallel_step_time_uses_the_link_the_group_needs():
+    model = planner.ModelShape(layers=2, dim=8, heads=8, hidden=32, seq=4, vocab=16)
+    act = 3 * 4 * 8 * 4  # 3 samples x 4 tokens x 8 features x 4 bytes
+    for tp, alpha, beta in [(4, 1e-5, 1e-9), (8, 1e-4, 1e-8)]:  # 4 devices per node: tp 8 crosses nodes
+        t = planner.step_time(model, planner.Layout(tp=tp), 3, cluster(), precision="fp32")
+        # 2 blocks x (2 all-reduces forward + 2 backward), each 2 (t - 1) / t of the activation
+        assert t.tp == pytest.approx(8 * alpha + 8 * 2 * (tp - 1) / tp * act * beta)
+        sp = planner.step_time(model, planner.Layout(tp=tp, sp=True), 3, cluster(), precision="fp32")
+        assert sp.tp == pytest.approx(t.tp + 8 * alpha)  # the same bytes in twice as many collectives
+
+
+def test_the_bubble_is_bubble_formulas_share_of_the_step():
+    model = planner.ModelShape(layers=8, dim=8, heads=2, hidden=32, seq=4, vocab=16)
+    for schedule, v in [("gpipe", 1), ("1f1b", 1), ("interleaved1f1b", 2)]:
+        t = planner.step_time(model, planner.Layout(pp=4, micro_batches=4, schedule=schedule, stages_per_rank=v),
+                              8, cluster())
+        share = bubble_formula(4, 4, schedule=schedule, stages_per_rank=v)
+        busy = t.compute + t.tp + t.cp + t.ep + t.pp
+        assert t.bubble / (busy + t.bubble) == pytest.approx(share)
+
+
+def test_a_cluster_from_a_fit_predicts_chapter_08s_all_reduce_times():
+    fit = {"alpha": 2e-4, "beta": 1.5e-9}
+    for k in (2, 4, 8):
+        c = planner.Cluster.from_fit(fit, k, flops_per_s=1e10, memory_bytes=1e9)
+        for n in (4096, 2**24):
+            sent = 2 * (k - 1) / k * n
+            assert planner.collective_seconds(c, k, 1, sent) == pytest.approx(predict_seconds(fit, n))
+
+
+def test_context_and_expert_parallel_traffic_by_hand():
+    model = planner.ModelShape(layers=2, dim=8, heads=2, hidden=16, seq=8, experts=4, top_k=2, kv_heads=1)
+    big = cluster(devices_per_node=64, alpha_intra=0.0)
+    t = planner.step_time(model, planner.Layout(cp=4), 2, big)
+    # 2 samples x 8 / 4 tokens; K and V: 2 x kv width 4 x 4 bytes each; forward 3 sends, backward 3 + 4, 2 blocks
+    assert t.cp == pytest.approx(2 * (3 + 3 + 4) * (2 * 2) * (2 * 4 * 4) * 1e-9)
+    t = planner.step_time(model, planner.Layout(ep=2), 2, big)
+    # 1 sample x 8 tokens x top 2 x 8 features x 4 bytes, half of it leaves; 4 all-to-alls x 2 blocks
+    assert t.ep == pytest.approx(8 * (8 * 2 * 8 * 4) / 2 * 1e-9)
+
+
+@pytest.mark.parametrize("kwargs, model_kw, batch, words", [
+    (dict(tp=3), {}, 8, "heads=4 does not divide by tp=3"),
+    (dict(cp=3), {}, 8, "seq=16 does not divide by cp=3"),
+    (dict(ep=2), {}, 8, "has none"),
+    (dict(pp=8, micro_batches=8), {}, 8, "cannot fill"),
+    (dict(dp=3), {}, 8, "global_batch=8 does not divide"),
+    (dict(tp=4), dict(kv_heads=2), 8, "kv_heads=2 does not divide by tp=4"),
+])
+def test_layouts_the_model_cannot_take_are_refused(kwargs, model_kw, batch, words):
+    model = planner.ModelShape(layers=4, dim=16, heads=4, hidden=32, seq=16, **model_kw)
+    with pytest.raises(ConfigError, match=words):
+        planner.memory_per_rank(model, planner.Layout(**kwargs), batch)
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    (dict(sp=True), "tp=1 has none"), (dict(pp=4, micro_batches=2), "micro_batches >= 4"),
+    (dict(zero=4), "zero=4"), (dict(schedule="1F1B"), "schedule='1F1B'"), (dict(tp=0), "tp=0"),
+    (dict(schedule="zbv", pp=2, micro_batches=2), "places 2 stage"),
+])
+def test_impossible_layouts_are_refused_with_the_fix(kwargs, words):
+    with pytest.raises(ConfigError, match=words):
+        planner.Layout(**kwargs)
+
+
+def test_errors_speak_japanese_in_the_japanese_edition(monkeypatch):
+    monkeypatch.setenv("MPARLIB_LANG", "ja")
+    with pytest.raises(ConfigError, match="割り切れません"):
+        planner.Layout(tp=3).check(planner.ModelShape(layers=2, dim=8, heads=2, hidden=8, seq=4), 4)
+    with pytest.raises(ConfigError, match="ステージの数以上"):
+        planner.Layout(pp=4, micro_batches=2)
+
+
+def test_bad_shapes_and_clusters_are_refused():
+    with pytest.raises(ConfigError, match="heads=3"):
+        planner.ModelShape(layers=2, dim=8, heads=3, hidden=8, seq=4)
+    with pytest.raises(ConfigError, match="top_k=3"):
+        planner.ModelShape(layers=2, dim=8, heads=2, hidden=8, seq=4, experts=2, top_k=3)
+    with pytest.raises(ConfigError, match="beta_inter"):
+        cluster(beta_inter=-1)
+    with pytest.raises(ConfigError, match="overlap"):
+        planner.step_time(planner.ModelShape(layers=2, dim=8, heads=2, hidden=8, seq=4), planner.Layout(), 1,
+                          cluster(), overlap=2)
+
+
+def test_published_shapes_have_their_published_sizes():
+    # model cards: 8.03B, 70.6B, 405B; Mixtral 8x7B: 46.7B
+    sizes = {"llama3-8b": 8.03e9, "llama3-70b": 70.6e9, "llama3-405b": 405.9e9, "mixtral-8x7b": 46.7e9}
+    for name, size in sizes.items():
+        assert planner.ModelShape.published(name).parameters() == pytest.approx(size, rel=2e-3)
+
+
+def test_the_ranking_on_a_tiny_grid_is_stable_and_explained():
+    model = planner.ModelShape(layers=8, dim=64, heads=8, hidden=256, seq=64, vocab=256)
+    c = cluster(memory_bytes=2e6, flops_per_s=1e12)
+    rows = planner.plan(model, c, 8, 16, tp=(1, 2, 4, 8), pp=(1, 2, 4), zero=(0, 1, 3), recompute=(False,))
+    again = planner.plan(model, c, 8, 16, tp=(1, 2, 4, 8), pp=(1, 2, 4), zero=(0, 1, 3), recompute=(False,))
+    assert [r.layout for r in rows] == [r.layout for r in again]
+    fits = [r.fits for r in rows]
+    assert fits == sorted(fits, reverse=True) and any(fits) and not all(fits)
+    for group in (True, False):
+        times = [r.time.total for r in rows if r.fits == group]
+        assert times == sorted(times)
+    assert all(r.layout.world() == 8 and r.fits == (r.memory.total <= 2e6) for r in rows)
+    # 8 ranks on nodes of 4: tp 8 crosses the slow link, so the fastest layout keeps tp inside a node
+    assert rows[0].layout.tp <= 4
+    # with a free network nothing beats plain data parallelism with its whole batch on each rank: no bubble
+    free = cluster(alpha_intra=0, beta_intra=0, alpha_inter=0, beta_inter=0, memory_bytes=1e12)
+    best = planner.plan(model, free, 8, 16, tp=(1, 2), pp=(1, 2), zero=(0,), recompute=(False,))
+    assert best[0].layout.pp == 1 and best[0].time.bubble == 0 and best[-1].layout.pp == 2
+
+
+def test_recompute_trades_memory_for_a_third_more_compute():
+    model = planner.ModelShape.published("llama3-8b")
+    base = planner.Layout(dp=4, tp=8, sp=True, pp=2, micro_batches=16, zero=1)
+    again = planner.Layout(dp=4, tp=8, sp=True, pp=2, micro_batches=16, zero=1, recompute=True)
+    h100 = planner.Cluster.h100()
+    t0, t1 = (planner.step_time(model, x, 64, h100, "mixed") for x in (base, again))
+    assert t1.compute == pytest.approx(t0.compute * 4 / 3)
+    m0, m1 = (planner.memory_per_rank(model, x, 64, "mixed") for x in (base, again))
+    # kept: 16 blocks x 2 micro-batches in flight x 8192 tokens x 4096 / 8 x 2 bytes, and one block in full
+    per_token = planner.activation_bytes_per_layer(model, 2, tp=8, sp=True)
+    assert m1.activations == 8192 * (16 * 2 * 4096 / 8 * 2 + per_token)
+    assert m0.activations == 8192 * 16 * 2 * per_token
+    assert math.isclose(m1.parameters, m0.parameters)
+
+
+def test_labels_name_every_degree_that_is_not_one():
+    assert planner.Layout().label() == "1 rank"
+    assert planner.Layout(dp=64, tp=8, sp=True, pp=16, micro_batches=32, schedule="interleaved1f1b",
+                          stages_per_rank=2, zero=1, recompute=True).label() == "dp64 tp8+sp pp16 i1F1B x2 ZeRO-1 rc"
+    assert planner.Layout(cp=2, ep=4).label() == "cp2 ep4 DDP"
