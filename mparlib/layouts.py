@@ -11,6 +11,8 @@ training steps on it, and measures a step's peak memory (:class:`StepMemory`) an
 """
 import functools
 import math
+import os
+import time
 import weakref
 
 import torch
@@ -29,6 +31,7 @@ from .checks import one_of, positive_int
 from .collectives import fit_alpha_beta, time_collective
 from .errors import ConfigError
 from .lang import tr
+from .planner import Cluster, Layout, ModelShape, memory_per_rank, step_time
 from .rendezvous import device
 from .ring_attention import ring_attention, shard_sequence
 from .sharding import training_tensors
@@ -379,3 +382,114 @@ def vit_of(config):
     """The course ViT of ``config``: a dict with an optional ``size`` and ViTConfig fields. Explained in 12_planning."""
     config = dict(config)
     return vit(config.pop("size", "smoke"), **config)
+
+
+# The planner's inputs, measured on the same ranks -------------------------------------------------------------------
+
+def measure_inputs(sizes=(2**12, 2**16, 2**20), groups=(2, 4, 8), matmul=(512, 128, 512), repeats=5):
+    """Alpha-beta of all-reduces on groups of each size and the FLOP/s of one rank, all ranks at once. Explained in 12_planning.
+
+    For each group size ``g``, the ranks form ``world / g`` groups of neighbours, and every group all-reduces at
+    the same time, as the groups of a layout do (:func:`mparlib.collectives.time_collective`: a barrier before
+    each call, the slowest rank's time). ``fits[g]``: chapter 08's ``fit_alpha_beta`` on the message bytes;
+    ``link``: one fit over all groups on the bytes each rank sends in a ring (``2 (g - 1) / g`` of the message),
+    the form the planner's :class:`~mparlib.planner.Cluster` takes. ``flops_per_s``: an ``(m, k) x (k, n)``
+    matrix product timed on every rank at once (``2 m k n`` FLOPs over the slowest rank's median).
+    """
+    rows, world = [], dist.get_world_size()
+    for g in groups:
+        mine, _ = dist.new_subgroups(group_size=g)
+        for n in sizes:
+            timing = time_collective(lambda x: dist.all_reduce(x, group=mine), n // 4, min_seconds=0,
+                                     min_repeats=repeats, max_repeats=repeats)
+            rows.append({"group": g, "groups": world // g, "bytes": n // 4 * 4, "sent_bytes": 2 * (g - 1) / g * n,
+                         **timing.summary()})
+    fits = {g: fit_alpha_beta([r["bytes"] for r in rows if r["group"] == g],
+                              [r["median"] for r in rows if r["group"] == g]) for g in groups}
+    link = fit_alpha_beta([r["sent_bytes"] for r in rows], [r["median"] for r in rows])
+    m, k, n = matmul
+    a, b = torch.randn(m, k, device=device()), torch.randn(k, n, device=device())
+    timing = measure(lambda: torch.mm(a, b), warmup=1, min_seconds=0, min_repeats=repeats, max_repeats=repeats,
+                     before=dist.barrier, across=slowest)
+    return {"all_reduce": rows, "fits": fits, "link": link, "matmul": {"shape": list(matmul), **timing.summary()},
+            "flops_per_s": 2 * m * k * n / timing.median, "world": world,
+            "memory_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / world}
+
+
+def measured_cluster(inputs, memory_bytes=None):
+    """The planner's :class:`~mparlib.planner.Cluster` of this machine from :func:`measure_inputs`. Explained in 12_planning.
+
+    One machine has no link between nodes: both links get the same measured alpha and beta. ``memory_bytes`` per
+    rank defaults to the machine's memory shared out (``inputs["memory_bytes"]``).
+    """
+    memory_bytes = inputs["memory_bytes"] if memory_bytes is None else memory_bytes
+    link = inputs["link"]
+    return Cluster(devices_per_node=inputs["world"], memory_bytes=memory_bytes, flops_per_s=inputs["flops_per_s"],
+                   alpha_intra=link["alpha"], beta_intra=link["beta"], alpha_inter=link["alpha"],
+                   beta_inter=link["beta"], name="this machine")
+
+
+def predict(config, layout, global_batch, cluster):
+    """The planner's memory per rank and step time for a layout of the ViT ``config``. Explained in 12_planning.
+
+    Returns ``{"memory": {params, grads, optimizer, activations, total} (bytes), "time": {part: seconds, ...,
+    "total"}}``, in fp32 with Adam, as :func:`run_layout` trains.
+    """
+    model = ModelShape.from_vit(vit_of(config).config)
+    plan = Layout(**check_layout(layout))
+    memory = memory_per_rank(model, plan, global_batch, precision="fp32", optimizer="adam")
+    time = step_time(model, plan, global_batch, cluster, precision="fp32")
+    return {"memory": {"params": memory.parameters, "grads": memory.gradients, "optimizer": memory.optimizer,
+                       "activations": memory.activations, "total": memory.total},
+            "time": {**{k: getattr(time, k) for k in ("compute", "tp", "cp", "pp", "bubble", "dp", "dp_exposed")},
+                     "total": time.total}}
+
+
+def spearman(a, b):
+    """Spearman's rank correlation of two lists of distinct values (1: the same order). Explained in 12_planning."""
+    rank = lambda v: {x: i for i, x in enumerate(sorted(v))}  # noqa: E731
+    ra, rb, n = rank(a), rank(b), len(a)
+    if n < 2:
+        raise ConfigError(tr("spearman needs at least two values in each list.",
+                             "spearman には各リストに 2つ以上の値が必要です。"))
+    return 1 - 6 * sum((ra[x] - rb[y]) ** 2 for x, y in zip(a, b)) / (n * (n * n - 1))
+
+
+def layouts_worker(config, layout_list, batches, *, timed=3, inputs=None):
+    """Every layout in turn on the same ranks, then the planner's inputs: one launch. Explained in 12_planning.
+
+    ``inputs``: keyword arguments of :func:`measure_inputs`, or None to skip it. Returns ``{"layouts": [...]
+    (:func:`run_layout`'s results, each with its ``wall`` seconds), "inputs": ... or None}``.
+    """
+    out = []
+    for layout in layout_list:
+        start = time.perf_counter()
+        out.append(run_layout(config, layout, batches, timed=timed))
+        dist.barrier()
+        out[-1]["wall"] = time.perf_counter() - start
+    return {"layouts": out, "inputs": None if inputs is None else measure_inputs(**inputs)}
+
+
+def compare(config, report, global_batch, memory_goal=0.15):
+    """Predicted against measured, per layout, and the two goals. Explained in 12_planning.
+
+    ``report``: :func:`layouts_worker`'s result (with its inputs). Each row has ``layout`` (its name),
+    ``predicted_bytes_per_rank`` (the planner's total), ``measured_bytes_per_rank`` (the largest rank's peak),
+    ``predicted_ms``, ``measured_ms`` (the median step) and the parts of both. ``goals``: memory within
+    ``memory_goal`` of the measurement on every layout, and Spearman's rank correlation of the step times.
+    """
+    cluster = measured_cluster(report["inputs"])
+    rows = []
+    for r in report["layouts"]:
+        p = predict(config, r["layout"], global_batch, cluster)
+        rows.append({"layout": r["name"], "predicted_bytes_per_rank": p["memory"]["total"],
+                     "measured_bytes_per_rank": r["memory"]["peak"], "predicted_ms": p["time"]["total"] * 1e3,
+                     "measured_ms": r["step"]["median"] * 1e3, "measured_iqr_ms": r["step"]["iqr"] * 1e3,
+                     "memory_error": p["memory"]["total"] / r["memory"]["peak"] - 1,
+                     "predicted_parts": p["memory"], "measured_parts": r["memory"]["parts"],
+                     "predicted_time_parts": p["time"], "busy": r["step"]["busy"]})
+    rho = spearman([r["predicted_ms"] for r in rows], [r["measured_ms"] for r in rows])
+    worst = max(abs(r["memory_error"]) for r in rows)
+    return {"rows": rows, "cluster": {k: getattr(cluster, k) for k in ("flops_per_s", "alpha_intra", "beta_intra")},
+            "goals": {"memory_within": {"target": memory_goal, "worst": worst, "met": worst <= memory_goal},
+                      "time_order": {"spearman": rho, "met": rho == 1}}}
