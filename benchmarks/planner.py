@@ -117,7 +117,7 @@ def main(argv=None):
               f"{r['memory_error']:>+6.0%} {r['predicted_ms']:>8.1f} {r['measured_ms']:>8.1f} {r['measured_iqr_ms']:>7.1f}")
     g, load = compared["goals"], result["load"]
     print(f"memory within {h['memory_goal']:.0%}: {'met' if g['memory_within']['met'] else 'NOT met'} "
-          f"(worst {g['memory_within']['worst']:+.0%}); time order: Spearman {g['time_order']['spearman']:.2f}")
+          f"(worst |error| {g['memory_within']['worst']:.0%}); time order: Spearman {g['time_order']['spearman']:.2f}")
     print(f"load average (1 min): {load['load_1min_before']} before, {load['load_1min_after']:.2f} after, "
           f"{load['load_per_core']:.2f} per core: {'BUSY' if load['busy'] else 'quiet'}; {result['seconds']} s")
     print(f"-> {path}")

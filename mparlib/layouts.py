@@ -4,7 +4,7 @@ A layout says how many ways each form of parallelism splits the work: ``dp`` (da
 ``zero=0`` or fully sharded with ``zero=3``), ``tp`` (tensor parallel inside each block), ``cp`` (context
 parallel: the tokens split, ring attention), ``pp`` (pipeline stages). The ranks form a mesh
 ``(pp, dp, cp, tp)``, tensor parallelism innermost and the pipeline outermost, as the planner assumes. This
-module builds a layout from the pieces of chapters 09-11 (FSDP2's ``fully_shard``, DDP, DTensor's
+module builds a layout from the pieces of chapters 09-11 (FSDP2's ``fully_shard``, DTensor's
 ``parallelize_module``, ``torch.distributed.pipelining``, :func:`mparlib.ring_attention.ring_attention`), runs
 training steps on it, and measures a step's peak memory (:class:`StepMemory`) and time
 (:func:`mparlib.timing.measure`), plus the planner's inputs on the same ranks (:func:`measure_inputs`).
@@ -47,8 +47,9 @@ DEFAULTS = {"dp": 1, "zero": 0, "tp": 1, "cp": 1, "pp": 1, "micro_batches": 1, "
 def check_layout(layout, world=None):
     """The layout dict with every field filled in and checked. Explained in 12_planning.
 
-    Fields (as :class:`mparlib.planner.Layout` names them): ``dp``, ``zero`` (0: DDP, 3: FSDP), ``tp``, ``cp``,
-    ``pp``, ``micro_batches`` (of each data-parallel share, for the pipeline) and ``schedule``. ``world``, if given,
+    Fields (as :class:`mparlib.planner.Layout` names them): ``dp``, ``zero`` (0 or 3: FSDP), ``tp``, ``cp``,
+    ``pp``, ``micro_batches`` (of each data-parallel share, for the pipeline) and ``schedule``. ``zero=0`` averages
+    the gradients in one all-reduce after the backward pass, as DDP does without its overlap. ``world``, if given,
     must equal ``pp x dp x cp x tp``.
     """
     if not isinstance(layout, dict) or set(layout) - set(DEFAULTS):
@@ -69,15 +70,15 @@ def check_layout(layout, world=None):
                              f"積 pp x dp x cp x tp が {world} になる次数を選んでください。"))
     if out["zero"] == 3 and out["cp"] > 1:
         raise ConfigError(tr("layout: FSDP (zero=3) shards over dp only, and context-parallel ranks need their "
-                             "gradients summed too; use zero=0 (DDP over dp x cp) with cp > 1.",
+                             "gradients summed too; use zero=0 (gradients averaged over dp x cp) with cp > 1.",
                              "layout: FSDP（zero=3）は dp の向きにしかシャーディングしませんが、コンテキスト並列の"
-                             "ランクも勾配を足し合わせる必要があります。cp > 1 では zero=0（dp x cp の DDP）を使って"
+                             "ランクも勾配を足し合わせる必要があります。cp > 1 では zero=0（dp x cp で勾配を平均）を使って"
                              "ください。"))
     if out["zero"] == 0 and out["tp"] > 1:
-        raise ConfigError(tr("layout: DDP does not take tensor-parallel (DTensor) parameters; combine tp > 1 with "
-                             "zero=3 (FSDP).",
-                             "layout: DDP はテンソル並列（DTensor）のパラメータを扱えません。tp > 1 は zero=3"
-                             "（FSDP）と組み合わせてください。"))
+        raise ConfigError(tr("layout: zero=0 averages plain gradients in one flat all-reduce, and tensor-parallel "
+                             "parameters are DTensors; combine tp > 1 with zero=3 (FSDP).",
+                             "layout: zero=0 はふつうのテンソルの勾配を 1つの平たいオールリデュースで平均しますが、"
+                             "テンソル並列のパラメータは DTensor です。tp > 1 は zero=3（FSDP）と組み合わせてください。"))
     if out["pp"] > 1 and out["schedule"] == "1f1b" and out["micro_batches"] < out["pp"]:
         raise ConfigError(tr(f"layout: 1F1B needs at least pp={out['pp']} micro-batches, not "
                              f"{out['micro_batches']}; raise micro_batches or use schedule='gpipe'.",
@@ -148,8 +149,8 @@ class LayoutStage(nn.Module):
 
 
 def _storage(t):
-    """``(key, bytes)`` of the memory behind a tensor (a DTensor: its local shard; a pending collective's result:
-    the tensor it wraps), or None where there is no readable storage."""
+    """``(key, storage, bytes)`` of the memory behind a tensor (a DTensor: its local shard; a pending collective's
+    result: the tensor it wraps), or None where there is no readable storage."""
     if isinstance(t, AsyncCollectiveTensor):
         t = t.elem
     if hasattr(t, "to_local"):
