@@ -164,7 +164,8 @@ class ModelShape:
         does two matmuls for each one of the forward (input and weight gradients): 3 x in all.
         """
         s, d = self.seq, self.dim
-        mlp = 2 * (3 if self.gated else 2) * d * (self.expert_hidden or self.hidden if self.moe else self.hidden)
+        width = (self.expert_hidden or self.hidden) if self.moe else self.hidden
+        mlp = 2 * (3 if self.gated else 2) * d * width
         mlp = mlp * self.top_k + 2 * d * self.experts if self.moe else mlp
         block = 2 * (2 * d * d + 2 * d * self.kv_dim) + 4 * s * d + mlp
         outside = 2 * self.patch_pixels * d * s + 2 * d * (self.outputs or self.vocab) * (1 if self.pooled else s)
@@ -376,6 +377,8 @@ def in_flight(layout):
     2021: ``1 + (p - 1) / (p v)`` times 1F1B's ``p``).
     """
     p, m, v = layout.pp, layout.micro_batches, layout.stages_per_rank
+    if p == 1:  # no pipeline: micro-batches accumulate gradients one after another
+        return 1
     if layout.schedule == "gpipe":
         return m
     if layout.schedule == "interleaved1f1b":
@@ -555,7 +558,7 @@ def step_time(model, layout, global_batch, cluster, precision="fp32", overlap=0.
     (:func:`link`; groups laid out tp innermost, then cp, ep, dp, pp outermost). The bubble: chapter 10's
     ``bubble_formula`` share ``b`` of a step whose busy part is compute plus tp, cp, ep and pp communication, so
     ``busy x b / (1 - b)``. ``overlap``: the share of the data-parallel collectives hidden under compute (0: none
-    hidden, as chapter 06 measured on CPU processes; at most the compute time is hidden).
+    hidden, the default; at most the compute time is hidden). ``precision``: one of chapter 09's ``PRECISIONS``.
     """
     one_of(precision, "precision", tuple(PRECISIONS), "step_time")
     overlap = finite_float(overlap, "overlap", 0.5, "step_time", minimum=0)

@@ -151,7 +151,8 @@ def test_experts_are_split_by_ep_and_data_parallel_over_dp():
 
 @pytest.mark.parametrize("schedule, v, m, p, expected", [
     ("gpipe", 1, 8, 4, 8), ("1f1b", 1, 8, 4, 4), ("1f1b", 1, 4, 4, 4), ("zbv", 2, 8, 4, 4),
-    ("interleaved1f1b", 2, 16, 4, 5.5)])  # (p v + p - 1) / v = (8 + 3) / 2
+    ("interleaved1f1b", 2, 16, 4, 5.5),  # (p v + p - 1) / v = (8 + 3) / 2
+    ("gpipe", 1, 8, 1, 1)])  # without a pipeline, accumulated micro-batches run one at a time
 def test_micro_batches_in_flight_follow_the_schedules(schedule, v, m, p, expected):
     layout = planner.Layout(pp=p, micro_batches=m, schedule=schedule, stages_per_rank=v)
     assert planner.in_flight(layout) == pytest.approx(expected)
@@ -309,3 +310,15 @@ def test_labels_name_every_degree_that_is_not_one():
     assert planner.Layout(dp=64, tp=8, sp=True, pp=16, micro_batches=32, schedule="interleaved1f1b",
                           stages_per_rank=2, zero=1, recompute=True).label() == "dp64 tp8+sp pp16 i1F1B x2 ZeRO-1 rc"
     assert planner.Layout(cp=2, ep=4).label() == "cp2 ep4 DDP"
+
+
+def test_flops_of_gated_grouped_query_and_expert_models_by_hand():
+    # d 8, 2 heads sharing 1 key/value head (kv width 4), gated MLP 16, 4 tokens, 10-word head on every token
+    # per token: projections 2 (2 x 64 + 2 x 8 x 4) = 384, scores 4 x 4 x 8 = 128, MLP 2 x 3 x 8 x 16 = 768;
+    # x 4 tokens = 5120; head 2 x 8 x 10 x 4 = 640; x 3
+    gated = planner.ModelShape(layers=1, dim=8, heads=2, kv_heads=1, hidden=16, seq=4, vocab=10, gated=True)
+    assert gated.flops_per_sample() == 3 * (5120 + 640)
+    # 4 experts of width 16, 2 per token: MLP 2 x (2 x 2 x 8 x 16) = 1024, router 2 x 8 x 4 = 64
+    moe = planner.ModelShape(layers=1, dim=8, heads=2, hidden=32, seq=4, vocab=10, experts=4, top_k=2,
+                             expert_hidden=16)
+    assert moe.flops_per_sample() == 3 * (4 * (2 * (2 * 64 + 2 * 64) + 128 + 1024 + 64) + 640)
