@@ -82,7 +82,7 @@ def check_layout(layout, world=None):
     if out["pp"] > 1 and out["schedule"] == "1f1b" and out["micro_batches"] < out["pp"]:
         raise ConfigError(tr(f"layout: 1F1B needs at least pp={out['pp']} micro-batches, not "
                              f"{out['micro_batches']}; raise micro_batches or use schedule='gpipe'.",
-                             f"layout: 1F1B には pp={out['pp']} 個以上のマイクロバッチが必要です"
+                             f"layout: 1F1B には pp={out['pp']}個以上のマイクロバッチが必要です"
                              f"（{out['micro_batches']}個ではなく）。micro_batches を増やすか schedule='gpipe' に"
                              "してください。"))
     return out
