@@ -278,36 +278,39 @@ print(tr("parameters and optimizer state per rank: measured = planner (+ Adam's 
 # <!-- en -->
 # ### What the numbers show
 #
-# On the machine this course was written on (2 cores shared with other work: load average 20 to 29, so every
-# timing is marked busy; `benchmarks/results/planner-*.json`, model `dim` 128, MLP 512, 16 tokens, batch 32), every
-# layout matched one process to within 2e-7 in float32, and the planner met neither goal:
+# On the machine this course was written on (2 cores shared with other work: load average about 20, so every
+# timing is marked busy; `benchmarks/results/planner-vm-20261202-055416.json`, model `dim` 128, MLP 512,
+# 16 tokens, global batch 32), every layout matched one process to within 2e-7 in float32, and the planner met
+# neither goal:
 #
 # - **Memory.** Within 15% for the two layouts without FSDP: dp 8 predicted 14.26 MiB, measured 15.41 (-7%);
 #   dp 2 x cp 2 x pp 2 8.19 against 7.96 (+3%). For dp 8 the agreement is partly luck: at its peak the activations
-#   are already freed, and what the planner counts as activations (2.0 MiB) is stood in for by the flat buffer of
-#   the gradients' all-reduce (3.1 MiB), which the planner does not count. The three FSDP layouts are 30 to 55% under:
-#   fsdp 8 predicted 3.54 MiB, measured 7.83. The planner counts only the shards; at the measured peak of fsdp 8
-#   the part that is neither parameters, gradients nor optimizer state is 5.84 MiB, 3.8 MiB more than the
-#   activations predicted (2.01 MiB), about five blocks' worth of whole weights (a block is 0.76 MiB). What FSDP
+#   are already freed, and what the planner counts as activations (2.01 MiB) is stood in for by the flat buffer of
+#   the gradients' all-reduce (3.06 MiB), which the planner does not count. The three FSDP layouts are 29 to 55%
+#   under: fsdp 8 predicted 3.54 MiB, measured 7.78. The planner counts only the shards; at the measured peak of
+#   fsdp 8 the part that is neither parameters, gradients nor optimizer state is 5.46 MiB, 3.45 MiB more than the
+#   activations predicted, about four and a half blocks' worth of whole weights (a block is 0.76 MiB). What FSDP
 #   holds whole at such a moment (the block that computes, the next one prefetched, their all-gather buffers, a
 #   block's whole gradients before their reduce-scatter: chapter 10's table lists them) is what the formula leaves
 #   out; this run did not split that part further. On gloo the moment FSDP frees those buffers depends on when an
 #   asynchronous collective finishes, so the FSDP peaks also differ between ranks and between two identical steps
-#   (fsdp 8: 6.65 to 8.21 MB, up to 23%); the layouts without FSDP or tensor parallelism repeat to the byte.
-# - **Step time.** Measured: dp 8 198 ms < dp 2 x cp 2 x pp 2 278 < fsdp 2 x tp 2 x pp 2 799 < fsdp 8 924 <
-#   fsdp 4 x tp 2 929. Predicted: dp 8 94 < fsdp 8 169 < fsdp 4 x tp 2 278 < dp 2 x cp 2 x pp 2 316 <
-#   fsdp 2 x tp 2 x pp 2 401: Spearman 0.2. The planner is right that plain data parallelism is the fastest and
-#   that every FSDP layout is slower than it; it is under by a factor of 2.0 to 5.5 on every layout but one, and
-#   most on FSDP. For fsdp 8 it predicts 50 ms of compute and 119 ms of collectives (15 all-gathers and
-#   reduce-scatters at 7.1 ms of alpha each, plus bytes); the measured step is 924 ms, so about 750 ms are in
-#   nothing the formulas name. This run did not break the step down further; what FSDP2 does besides its
-#   collectives (copying the shards into and out of the all-gather buffers, its hooks, one small operator after
-#   another) on 8 processes that share 2 busy cores is where to look next. The pipeline layouts are the other way
-#   round: the planner adds a bubble of 97 ms to each, and dp 2 x cp 2 x pp 2 measured faster (278 ms) than
-#   predicted (316 ms), faster than every FSDP layout.
+#   (fsdp 8: 6.88 to 8.16 MB, 19%); the layouts without FSDP or tensor parallelism repeat to the byte.
+# - **Step time.** Measured: dp 8 126 ms < dp 2 x cp 2 x pp 2 321 < fsdp 8 649 < fsdp 4 x tp 2 851 <
+#   fsdp 2 x tp 2 x pp 2 930. Predicted: dp 8 95 < fsdp 8 167 < fsdp 4 x tp 2 248 < dp 2 x cp 2 x pp 2 278 <
+#   fsdp 2 x tp 2 x pp 2 350: Spearman 0.7. The exception is dp 2 x cp 2 x pp 2, measured second and predicted
+#   fourth. The planner is close on the two layouts without FSDP (measured / predicted 1.33 and 1.15) and under by
+#   a factor of 2.7 to 3.9 on the three with it. For fsdp 8 it predicts 41 ms of compute and 126 ms of collectives
+#   (15 all-gathers and reduce-scatters at 6.0 ms of alpha each, plus their bytes); the measured step is 649 ms, so
+#   about 480 ms are in nothing the formulas name. This run did not break the step down further; what FSDP2 does
+#   besides its collectives (copying shards into and out of the all-gather buffers, its hooks, many small
+#   operators) on 8 processes sharing 2 busy cores is where to look next. An earlier run of the same benchmark
+#   (`planner-vm-20261202-053354.json`, load 21 to 29) measured the three FSDP layouts in another order
+#   (fsdp 2 x tp 2 x pp 2 799 ms < fsdp 8 924 < fsdp 4 x tp 2 929) and gave Spearman 0.2: on this machine their
+#   order is within the noise. Both runs agree on what is robust: dp 8 first, dp 2 x cp 2 x pp 2 second, the FSDP
+#   layouts far slower than the planner says.
 #
 # The `smoke` profile (the smoke ViT, 0.14 M parameters) ran the same way on that machine: memory +5% (dp 8), -9%
-# (dp 2 x cp 2 x pp 2) and -26% to -41% (FSDP), Spearman 0.2 again, and the whole launch took 159 s at a load
+# (dp 2 x cp 2 x pp 2) and -26% to -41% (FSDP), Spearman 0.2, and the whole launch took 159 s at a load
 # average of 18 to 27, of which the five layouts took 38 s; the rest is starting 8 processes and measuring the
 # inputs on 2 cores that other work kept busy.
 #
@@ -318,11 +321,11 @@ print(tr("parameters and optimizer state per rank: measured = planner (+ Adam's 
 # <!-- ja -->
 # ### 数値からわかること
 #
-# このコースを書いたマシン（2コアを他の作業と共有。ロードアベレージは 20〜29 で、すべての時間に busy の印が付いています。`benchmarks/results/planner-*.json`、モデルは `dim` 128、MLP 512、16トークン、バッチ 32）では、どのレイアウトも float32 で 2e-7 以内で 1個のプロセスと一致し、プランナーはどちらの目標も達成しませんでした。
+# このコースを書いたマシン（2コアを他の作業と共有。ロードアベレージは約 20 で、すべての時間に busy の印が付いています。`benchmarks/results/planner-vm-20261202-055416.json`、モデルは `dim` 128、MLP 512、16トークン、グローバルバッチ 32）では、どのレイアウトも float32 で 2e-7 以内で 1個のプロセスと一致し、プランナーはどちらの目標も達成しませんでした。
 #
-# - **メモリ。** FSDP を使わない 2つのレイアウトは 15% 以内でした。dp 8 は予測 14.26 MiB に対して測定 15.41 MiB（-7%）、dp 2 x cp 2 x pp 2 は 8.19 MiB に対して 7.96 MiB（+3%）です。ただし dp 8 の一致は半分は偶然です。ピークの時点では活性化はもう解放されていて、プランナーが活性化として数える分（2.0 MiB）の代わりに、勾配のオールリデュースに使う平たいバッファ（3.1 MiB）がそこを占めています。プランナーはこのバッファを数えません。FSDP を使う 3つのレイアウトは 30〜55% 少なく予測しました。fsdp 8 は予測 3.54 MiB に対して測定 7.83 MiB です。プランナーはシャードだけを数えます。fsdp 8 の測定したピークでは、パラメータでも勾配でもオプティマイザの状態でもない部分が 5.84 MiB あり、予測した活性化（2.01 MiB）より 3.8 MiB 多く、ブロックおよそ 5つ分の重み全体にあたります（ブロック 1つは 0.76 MiB）。そのような時点で FSDP が丸ごと持つもの（計算中のブロック、先読みした次のブロック、それらのオールギャザーのバッファ、リデュース・スキャッターの前のブロック 1つ分の完全な勾配。10章の表に挙げてあります）が、式に入っていない部分です。この実行では、この部分をそれ以上は分けていません。gloo では、FSDP がこれらのバッファを解放する時点が非同期の集合通信の終わる時点で決まるので、FSDP のピークはランクの間でも、同じステップを 2回実行した間でも違います（fsdp 8 では 6.65〜8.21 MB、最大 23%）。FSDP もテンソル並列も使わないレイアウトは、バイト単位まで同じ値を繰り返します。
-# - **ステップ時間。** 測定: dp 8 198 ms < dp 2 x cp 2 x pp 2 278 < fsdp 2 x tp 2 x pp 2 799 < fsdp 8 924 < fsdp 4 x tp 2 929。予測: dp 8 94 < fsdp 8 169 < fsdp 4 x tp 2 278 < dp 2 x cp 2 x pp 2 316 < fsdp 2 x tp 2 x pp 2 401。スピアマンの順位相関は 0.2 です。ふつうのデータ並列がいちばん速いこと、FSDP のレイアウトはどれもそれより遅いことは、プランナーの予測どおりです。一方で、1つを除くすべてのレイアウトで 2.0〜5.5倍少なく予測し、FSDP でその差が最も大きくなりました。fsdp 8 についてプランナーは、計算 50 ms と集合通信 119 ms（オールギャザーとリデュース・スキャッター 15回、それぞれ alpha 7.1 ms と、バイト数の分）を予測しました。測定したステップは 924 ms なので、約 750 ms は式に名前のないところで使われています。この実行ではステップをそれ以上分解していません。次に調べるべきは、2つの忙しいコアを共有する 8個のプロセスの上で、FSDP2 が集合通信以外に行うこと（シャードをオールギャザーのバッファにコピーし、またコピーし戻すこと、フック、小さな演算子の連続）です。パイプラインのレイアウトは逆向きにずれました。プランナーはそれぞれに 97 ms のバブルを足しますが、dp 2 x cp 2 x pp 2 の測定値（278 ms）は予測（316 ms）より速く、どの FSDP のレイアウトよりも速くなりました。
+# - **メモリ。** FSDP を使わない 2つのレイアウトは 15% 以内でした。dp 8 は予測 14.26 MiB に対して測定 15.41 MiB（-7%）、dp 2 x cp 2 x pp 2 は 8.19 MiB に対して 7.96 MiB（+3%）です。ただし dp 8 の一致は半分は偶然です。ピークの時点では活性化はもう解放されていて、プランナーが活性化として数える分（2.01 MiB）の代わりに、勾配のオールリデュースに使う平たいバッファ（3.06 MiB）がそこを占めています。プランナーはこのバッファを数えません。FSDP を使う 3つのレイアウトは 29〜55% 少なく予測しました。fsdp 8 は予測 3.54 MiB に対して測定 7.78 MiB です。プランナーはシャードだけを数えます。fsdp 8 の測定したピークでは、パラメータでも勾配でもオプティマイザの状態でもない部分が 5.46 MiB あり、予測した活性化より 3.45 MiB 多く、ブロックおよそ 4.5個分の重み全体にあたります（ブロック 1つは 0.76 MiB）。そのような時点で FSDP が丸ごと持つもの（計算中のブロック、先読みした次のブロック、それらのオールギャザーのバッファ、リデュース・スキャッターの前のブロック 1つ分の完全な勾配。10章の表に挙げてあります）が、式に入っていない部分です。この実行では、この部分をそれ以上は分けていません。gloo では、FSDP がこれらのバッファを解放する時点が非同期の集合通信の終わる時点で決まるので、FSDP のピークはランクの間でも、同じステップを 2回実行した間でも違います（fsdp 8 では 6.88〜8.16 MB、19%）。FSDP もテンソル並列も使わないレイアウトは、バイト単位まで同じ値を繰り返します。
+# - **ステップ時間。** 測定: dp 8 126 ms < dp 2 x cp 2 x pp 2 321 < fsdp 8 649 < fsdp 4 x tp 2 851 < fsdp 2 x tp 2 x pp 2 930。予測: dp 8 95 < fsdp 8 167 < fsdp 4 x tp 2 248 < dp 2 x cp 2 x pp 2 278 < fsdp 2 x tp 2 x pp 2 350。スピアマンの順位相関は 0.7 です。例外は dp 2 x cp 2 x pp 2 で、測定では 2番め、予測では 4番めでした。FSDP を使わない 2つのレイアウトではプランナーは近く（測定 / 予測は 1.33 と 1.15）、FSDP を使う 3つでは 2.7〜3.9倍少なく予測しました。fsdp 8 についてプランナーは、計算 41 ms と集合通信 126 ms（オールギャザーとリデュース・スキャッター 15回、それぞれ alpha 6.0 ms と、そのバイト数の分）を予測しました。測定したステップは 649 ms なので、約 480 ms は式に名前のないところで使われています。この実行ではステップをそれ以上分解していません。次に調べるべきは、2つの忙しいコアを共有する 8個のプロセスの上で、FSDP2 が集合通信以外に行うこと（シャードをオールギャザーのバッファにコピーし、またコピーし戻すこと、フック、多数の小さな演算子）です。同じベンチマークの前の実行（`planner-vm-20261202-053354.json`、ロードアベレージ 21〜29）では、FSDP の 3つのレイアウトが別の順に並び（fsdp 2 x tp 2 x pp 2 799 ms < fsdp 8 924 < fsdp 4 x tp 2 929）、スピアマンの順位相関は 0.2 でした。このマシンでは、この 3つの順はノイズの範囲内です。2回の実行は、確かな部分では一致しています。dp 8 が 1番め、dp 2 x cp 2 x pp 2 が 2番めで、FSDP のレイアウトはプランナーの予測よりはるかに遅いということです。
 #
-# `smoke` プロファイル（smoke の ViT、パラメータ 0.14 M 個）も同じマシンで同じように実行しました。メモリの誤差は +5%（dp 8）、-9%（dp 2 x cp 2 x pp 2）、-26〜-41%（FSDP）で、スピアマンの順位相関はやはり 0.2 でした。起動全体にはロードアベレージ 18〜27 のもとで 159秒かかり、そのうち 5つのレイアウトは 38秒でした。残りは、他の作業で忙しい 2つのコアの上で 8個のプロセスを起動し、入力を測る時間です。
+# `smoke` プロファイル（smoke の ViT、パラメータ 0.14 M 個）も同じマシンで同じように実行しました。メモリの誤差は +5%（dp 8）、-9%（dp 2 x cp 2 x pp 2）、-26〜-41%（FSDP）で、スピアマンの順位相関は 0.2 でした。起動全体にはロードアベレージ 18〜27 のもとで 159秒かかり、そのうち 5つのレイアウトは 38秒でした。残りは、他の作業で忙しい 2つのコアの上で 8個のプロセスを起動し、入力を測る時間です。
 #
 # コースの式から作ったプランナーは、式がすべてを数えているところ（重み全体、オプティマイザの状態のシャード、1ステップに 1回のオールリデュースのリング通信量）では正しく、ライブラリが式以上のことをするところでは、上の数値が示す分だけ外れます。静かな GPU クラスタでも、最初に行うべきなのはこの確認です。すべてのグループが同時に通信している状態で測った入力をプランナーに与え、その順位を信じる前に測定と比べてください。
