@@ -1,0 +1,128 @@
+"""The planner against 8 processes: the course ViT trained in several layouts, measured beside the prediction.
+
+Claims under test: (1) for every layout, the planner's memory per rank (mparlib.planner.memory_per_rank) is within
+15% of the largest peak any rank measured during a step; (2) the planner orders the layouts by step time as the
+measurement does (Spearman rank correlation 1), when it is fed the inputs measured in the same run.
+
+Hardware and software: recorded in the JSON (CPU count, backend, torch version, git commit, the 1-minute load
+average before and after, and `busy` when it exceeds 0.3 per core). One machine has no link between nodes: the
+planner's two links get the same measured alpha and beta.
+
+Method: one launch of 8 CPU processes (gloo). For each layout in turn (mparlib.layouts.run_layout), from the seed
+of a one-process reference: 3 SGD steps on fixed global batches, whose losses must equal the reference's (checked
+here, float32, tolerance 1e-5); then Adam (foreach=False): a warm-up step, two identical steps counted by
+mparlib.layouts.StepMemory (every storage live after each operator: parameters, gradients, optimizer state and all
+other tensors; the largest rank's peak), and `timed` steps between barriers (mparlib.timing.measure, the slowest
+rank's time, median and quartiles). Then the planner's inputs on the same ranks (mparlib.layouts.measure_inputs):
+all-reduces on groups of 2, 4 and 8 neighbours with every group busy at once, fitted to t = alpha + sent_bytes x
+beta (sent bytes: the ring's 2(g-1)/g of the message), and the FLOP/s of one rank while all 8 multiply matrices.
+
+    python benchmarks/planner.py            # the measurement (a few minutes on 2 cores)
+    python benchmarks/planner.py --quick    # 2 timed steps per layout
+Writes benchmarks/results/planner-<host>-<date>.json with rows {"layout", "predicted_bytes_per_rank",
+"measured_bytes_per_rank", "predicted_ms", "measured_ms"} and the measured inputs.
+"""
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch.nn import functional as F
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from mparlib import layouts  # noqa: E402
+import record  # noqa: E402  (benchmarks/record.py: machine, software, commit, saving)
+from mparlib.launch import launch  # noqa: E402
+
+HYPER = {
+    "model": {"patch": 7, "dim": 128, "hidden": 512},  # the smoke ViT, 16 tokens (splits over cp), wider
+    "global_batch": 32,
+    "parity_steps": 3,
+    "sgd_lr": 0.05,
+    "layouts": [{"dp": 8}, {"dp": 8, "zero": 3}, {"dp": 4, "zero": 3, "tp": 2},
+                {"dp": 2, "zero": 3, "tp": 2, "pp": 2, "micro_batches": 2},
+                {"dp": 2, "cp": 2, "pp": 2, "micro_batches": 2}],
+    "timed": 5,
+    "inputs": {"sizes": [2**12, 2**16, 2**20], "groups": [2, 4, 8], "matmul": [512, 128, 512], "repeats": 5},
+    "world": 8,
+    "memory_goal": 0.15,
+    "tolerance": 1e-5,
+}
+QUICK = {"timed": 2}
+
+
+def batches(h, seed=1):
+    """The global batches every layout and the reference train on: random images, (B, 1, 28, 28) and (B,)."""
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(h["global_batch"], 1, 28, 28, generator=g), torch.randint(0, 10, (h["global_batch"],),
+                                                                                   generator=g))
+            for _ in range(h["parity_steps"])]
+
+
+def reference(h, data):
+    """The one-process losses: the same seed, the same batches, SGD on the whole batch."""
+    torch.manual_seed(0)
+    model = layouts.vit_of(h["model"])
+    optimizer = torch.optim.SGD(model.parameters(), lr=h["sgd_lr"])
+    losses = []
+    for x, y in data:
+        loss = F.cross_entropy(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="2 timed steps per layout")
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    args = ap.parse_args(argv)
+    h = dict(HYPER, **(QUICK if args.quick else {}), quick=args.quick)
+    t0 = time.time()
+    start = record.machine()
+    data = batches(h)
+    ref = reference(h, data)
+    report = launch(layouts.layouts_worker, h["world"], args=(h["model"], h["layouts"], data),
+                    kwargs={"timed": h["timed"], "inputs": h["inputs"]}, echo=False, timeout=300)
+    for r in report["layouts"]:
+        torch.testing.assert_close(torch.tensor(r["losses"]), torch.tensor(ref), rtol=h["tolerance"],
+                                   atol=h["tolerance"])
+    compared = layouts.compare(h["model"], report, h["global_batch"], h["memory_goal"])
+    result = {
+        "benchmark": "planner",
+        "claim": " ".join(__doc__.split("\n\n")[1].split()),
+        "hyperparameters": h,
+        "rows": [{k: r[k] for k in ("layout", "predicted_bytes_per_rank", "measured_bytes_per_rank", "predicted_ms",
+                                    "measured_ms")} for r in compared["rows"]],
+        "details": compared["rows"],
+        "parity": {"reference": ref, "layouts": {r["name"]: r["losses"] for r in report["layouts"]}},
+        "measured": report,
+        "cluster": compared["cluster"],
+        "goals": compared["goals"],
+        "hardware": start | {"backend": "gloo", "processes": h["world"]},
+        "load": record.load(start),
+        "software": record.software(),
+        "seconds": round(time.time() - t0, 1),
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    path = record.save(result, args.out, "planner")
+    print(f"{'layout':<22} {'pred MiB':>9} {'meas MiB':>9} {'error':>6} {'pred ms':>8} {'meas ms':>8} {'iqr ms':>7}")
+    for r in compared["rows"]:
+        print(f"{r['layout']:<22} {r['predicted_bytes_per_rank'] / 2**20:>9.2f} {r['measured_bytes_per_rank'] / 2**20:>9.2f} "
+              f"{r['memory_error']:>+6.0%} {r['predicted_ms']:>8.1f} {r['measured_ms']:>8.1f} {r['measured_iqr_ms']:>7.1f}")
+    g, load = compared["goals"], result["load"]
+    print(f"memory within {h['memory_goal']:.0%}: {'met' if g['memory_within']['met'] else 'NOT met'} "
+          f"(worst |error| {g['memory_within']['worst']:.0%}); time order: Spearman {g['time_order']['spearman']:.2f}")
+    print(f"load average (1 min): {load['load_1min_before']} before, {load['load_1min_after']:.2f} after, "
+          f"{load['load_per_core']:.2f} per core: {'BUSY' if load['busy'] else 'quiet'}; {result['seconds']} s")
+    print(f"-> {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

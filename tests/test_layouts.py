@@ -1,0 +1,115 @@
+"""Layouts of the course ViT on 8 gloo ranks: the same losses as one process, and memory counted exactly.
+
+The 8-rank test launches once and runs every layout in turn (process start is the expensive part on 2 cores); the
+reference is one process training the same model from the same seed on the same global batches.
+"""
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from mparlib import layouts, planner, sharding
+from mparlib.errors import ConfigError
+from mparlib.launch import launch
+
+CONFIG = {"patch": 7}  # the smoke ViT with 16 tokens per image, so that 2 context-parallel ranks split them
+LAYOUTS = [{"dp": 8}, {"dp": 8, "zero": 3}, {"dp": 4, "zero": 3, "tp": 2},
+           {"dp": 2, "zero": 3, "tp": 2, "pp": 2, "micro_batches": 2}, {"dp": 2, "cp": 2, "pp": 2, "micro_batches": 2}]
+LR = 0.05
+
+
+def data(batch=32, steps=3, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(batch, 1, 28, 28, generator=g), torch.randint(0, 10, (batch,), generator=g))
+            for _ in range(steps)]
+
+
+def one_process(batches):
+    torch.manual_seed(0)
+    model = layouts.vit_of(CONFIG)
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    losses = []
+    for x, y in batches:
+        loss = F.cross_entropy(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return model, losses
+
+
+def test_every_layout_on_8_ranks_trains_like_one_process_and_counts_its_memory():
+    batches = data()
+    model, reference = one_process(batches)
+    report = launch(layouts.layouts_worker, 8, args=(CONFIG, LAYOUTS, batches), kwargs={"timed": 1}, echo=False,
+                    timeout=240)
+    assert [r["name"] for r in report["layouts"]] == [layouts.name_of(layout) for layout in LAYOUTS]
+    assert reference[0] != reference[1] != reference[2]  # the steps changed the model: parity below means something
+    for r in report["layouts"]:
+        torch.testing.assert_close(torch.tensor(r["losses"]), torch.tensor(reference), rtol=1e-5, atol=1e-5,
+                                   msg=lambda m: f"{r['name']}: {m}")
+        memory = r["memory"]
+        assert memory["peak"] == max(memory["per_rank"]) and sum(memory["parts"].values()) <= memory["peak"] * 1.1
+    n = sum(p.numel() for p in model.parameters())
+    tensors = len(list(model.parameters()))
+    dp = report["layouts"][0]["memory"]["parts"]  # dp 8 keeps the whole training state on every rank
+    assert dp["params"] == 4 * n and dp["optimizer"] == 8 * n + 4 * tensors  # Adam: 2 moments + a float32 step
+    fsdp = report["layouts"][1]["memory"]["parts"]  # FSDP keeps about an eighth of Adam's state: its shards
+    assert abs(fsdp["optimizer"] - 4 * tensors - 8 * n / 8) < 0.05 * n  # dim-0 chunks differ a little between ranks
+    for r in (report["layouts"][0], report["layouts"][4]):  # no tensor parallelism: the same operators each step
+        assert r["memory"]["per_rank"] == r["memory"]["repeated"]
+
+
+def test_step_memory_finds_the_same_peak_as_chapter_9s_peak_memory():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 64))
+    optimizer = torch.optim.Adam(model.parameters(), foreach=False)
+    x = torch.randn(32, 64)
+
+    def step():
+        optimizer.zero_grad()
+        model(x).square().mean().backward()
+        optimizer.step()
+
+    step()  # Adam creates its state
+    reference = sharding.PeakMemory(model, optimizer)
+    with reference:
+        step()
+    first = layouts.StepMemory(model, optimizer)
+    with first:
+        step()
+    second = layouts.StepMemory(model, optimizer, parts_at=first.peak_op)
+    with second:
+        step()
+    assert first.peak == second.peak == reference.peak_all
+    assert sum(second.parts.values()) == first.peak
+    assert second.parts["params"] == 4 * sum(p.numel() for p in model.parameters())
+
+
+def test_layouts_that_cannot_run_are_refused_with_what_to_change():
+    with pytest.raises(ConfigError, match="product pp x dp x cp x tp is 8"):
+        layouts.check_layout({"dp": 4, "tp": 4}, 8)
+    with pytest.raises(ConfigError, match="zero=0"):
+        layouts.check_layout({"dp": 4, "zero": 3, "cp": 2}, 8)
+    with pytest.raises(ConfigError, match="zero=3"):
+        layouts.check_layout({"dp": 4, "tp": 2}, 8)
+    with pytest.raises(ConfigError, match="micro_batches"):
+        layouts.check_layout({"dp": 4, "pp": 2, "micro_batches": 1}, 8)
+    with pytest.raises(ConfigError, match="fields"):
+        layouts.check_layout({"dp": 8, "fsdp": 8}, 8)
+    assert layouts.name_of({"dp": 2, "zero": 3, "tp": 2, "pp": 2}) == "fsdp 2 x tp 2 x pp 2"
+
+
+def test_spearman_counts_rank_disagreements():
+    assert layouts.spearman([1, 2, 3, 4], [10, 20, 30, 40]) == 1
+    assert layouts.spearman([1, 2, 3, 4], [40, 30, 20, 10]) == -1
+    assert layouts.spearman([1, 2, 3], [1, 3, 2]) == 0.5  # 1 - 6 x 2 / (3 x 8)
+
+
+def test_the_prediction_uses_the_planner_on_the_same_layout():
+    cluster = planner.Cluster(8, 1e10, 1e10, 1e-4, 1e-9, 1e-4, 1e-9)
+    got = layouts.predict(CONFIG, {"dp": 4, "zero": 3, "tp": 2}, 32, cluster)
+    model = planner.ModelShape.from_vit(layouts.vit_of(CONFIG).config)
+    layout = planner.Layout(dp=4, zero=3, tp=2)
+    assert got["memory"]["total"] == planner.memory_per_rank(model, layout, 32).total
+    assert got["time"]["total"] == planner.step_time(model, layout, 32, cluster).total
