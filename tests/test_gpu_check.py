@@ -200,17 +200,17 @@ def copy_of_the_script(tmp_path, chapters):
 
 
 def test_a_new_chapter_is_one_line_in_the_chapter_table(tmp_path):
-    script = copy_of_the_script(tmp_path, CHAPTERS + ["12_new_chapter"])
+    script = copy_of_the_script(tmp_path, CHAPTERS + ["13_new_chapter"])
     r = run("--dry-run", script=script)
     assert r.returncode == 2
-    assert "notebooks/src/12_new_chapter.py has no line in CHAPTERS of" in r.stderr and "add one" in r.stderr
+    assert "notebooks/src/13_new_chapter.py has no line in CHAPTERS of" in r.stderr and "add one" in r.stderr
     before = {s[0]: s[2] for s in plan(script=SCRIPT)[0]}
     text = script.read_text()
-    last = re.search(r"^11_sequence_context_experts .*$", text, re.M).group(0)
-    script.write_text(text.replace(last, last + "\n12_new_chapter           40 notebooks-other", 1))
+    last = re.search(r"^12_planning .*$", text, re.M).group(0)
+    script.write_text(text.replace(last, last + "\n13_new_chapter           40 notebooks-other", 1))
     steps, _ = plan(script=script)
     after = {s[0]: s[2] for s in steps}
-    assert [s[0] for s in steps][-1] == "nb-12" and after["nb-12"] > 2 * 40
+    assert [s[0] for s in steps][-1] == "nb-13" and after["nb-13"] > 2 * 40
     nb_start = int(re.search(r"NB_START=(\d+)", text).group(1))
     assert after["nbval-en"] == after["nbval-ja"] == before["nbval-en"] + 40 + nb_start
     (tmp_path / "notebooks" / "src" / "03_primitives.py").unlink()  # a line without its chapter is refused too

@@ -114,6 +114,7 @@ CHAPTERS='
 09_sharding              90 notebooks-other
 10_model_parallel        30 notebooks-other
 11_sequence_context_experts 40 notebooks-other
+12_planning              60 notebooks-other
 '
 PYTEST_START=30 NB_START=5 REBUILD_START=30
 # The Jupyter kernel tools/notebooks.py executes with (`make install` registers it; a bare machine has none).

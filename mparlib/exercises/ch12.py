@@ -29,9 +29,9 @@ def first_wrong(answer, cases, reference, hypotheses, describe, rel=1e-9):
 
 # ---- 12.1: the interleaved bubble ------------------------------------------------------------------------------
 @exercise("12.1", title=("The interleaved bubble", "インターリーブのバブル"), hints=[
-    ("Look at the section on schedules beyond 1F1B, and at chapter 10's bubble: what changes when each rank holds v "
+    ("Look at the section 'Schedules beyond 1F1B', and at chapter 10's bubble: what changes when each rank holds v "
      "smaller stages instead of one?",
-     "1F1B を超えるスケジュールの節と、10章のバブルを見てください。各ランクが 1つのステージの代わりに v 個の小さな"
+     "「1F1B の先のスケジュール」の節と、10章のバブルを見てください。各ランクが 1つのステージの代わりに v 個の小さな"
      "ステージを持つと、何が変わるでしょうか。"),
     ("The pipeline fills and drains through p - 1 stages as before, but each of them is now 1/v of a rank's work, so "
      "the idle time is (p - 1) / v micro-batches' worth; the busy time is still m of them.",
@@ -76,8 +76,8 @@ def state_reference(n_params, dp, tp, pp, stage):
 
 
 @exercise("12.2", title=("A layout's training state per rank", "レイアウトのランクあたりの訓練状態"), hints=[
-    ("Look at the planner's memory section, and at chapter 9's ZeRO stages.",
-     "プランナーのメモリの節と、9章の ZeRO のステージを見てください。"),
+    ("Look at the section 'A layout planner', and at chapter 9's ZeRO stages.",
+     "「レイアウトのプランナー」の節と、9章の ZeRO のステージを見てください。"),
     ("Tensor and pipeline parallelism split the model itself: a rank holds n / (tp pp) of the parameters, with their "
      "gradients and optimizer state. ZeRO then shards that share over the dp ranks that hold the same part.",
      "テンソル並列とパイプライン並列はモデルそのものを分けます。ランクが持つのはパラメータの n / (tp pp) と、その勾配と"

@@ -807,7 +807,7 @@ plt.show()
 #   that the formula does not count, while the formula's bubble shrinks towards zero. The smaller the stages, the more
 #   these fixed costs weigh; this chapter's stages are small so that it runs quickly. `benchmarks/pipeline.py` uses
 #   larger ones (8 layers of width 1024, 64 rows per micro-batch). Its saved run on the course's 2-core machine
-#   (`benchmarks/results/pipeline-*.json`, which records load averages of 1.1 to 1.8 at the start: the machine was not
+#   (`benchmarks/results/pipeline-vm-20261201-141628.json`, which records load averages of 1.1 to 1.8 at the start: the machine was not
 #   idle) measured, for `m` = 4 and 8, GPipe 0.265 and 0.178 and 1F1B 0.232 and 0.137, against the formula's 0.200 and
 #   0.111, and only 1F1B at `m` = 4 met the goal of coming within 20% of the formula. With devices that compute much
 #   faster than their links carry, the gap can be larger still. The GPipe paper reports the bubble to be negligible
@@ -824,7 +824,7 @@ plt.show()
 # <!-- ja -->
 # 数値から読み取れることは次のとおりです。
 #
-# - 式が数えるのは計算だけです。測ったバブルは式より大きく、その差は `m` とともに広がります（上の表）。マイクロバッチが 1つ増えるごとに、ステージ間のメッセージとスケジュール自身の処理が増えます。これはマイクロバッチごとにかかる決まった費用で、式には入っていません。一方、式のバブルは `m` を増やすほど 0 に近づきます。ステージが小さいほど、この決まった費用の比重は大きくなります。この章のステージは、すぐに実行が終わるよう小さくしてあります。`benchmarks/pipeline.py` はもっと大きなステージ（幅 1024 の層を 8つ、マイクロバッチあたり 64行）を使います。その結果は `benchmarks/results/pipeline-*.json` に保存してあります（このコースの CPU 2コアのマシンで測ったもので、開始時のロードアベレージは 1.1〜1.8 と、マシンは空いていませんでした）。`m` = 4 と 8 のとき、GPipe で 0.265 と 0.178、1F1B で 0.232 と 0.137 でした。式の値は 0.200 と 0.111 で、式の 20% 以内という目標に入ったのは 1F1B の `m` = 4 だけです。リンクが運ぶ速さに比べてデバイスの計算がずっと速ければ、差はさらに広がることがあります。GPipe の論文は、その論文のハードウェアでは `m >= 4p` ならバブルは無視できると報告しています。そこではマイクロバッチ 1つの計算が、こうした決まった費用よりはるかに大きいからです。この章の実行では、`m = 4p` でも、測ったバブルは式の値を大きく上回りました。
+# - 式が数えるのは計算だけです。測ったバブルは式より大きく、その差は `m` とともに広がります（上の表）。マイクロバッチが 1つ増えるごとに、ステージ間のメッセージとスケジュール自身の処理が増えます。これはマイクロバッチごとにかかる決まった費用で、式には入っていません。一方、式のバブルは `m` を増やすほど 0 に近づきます。ステージが小さいほど、この決まった費用の比重は大きくなります。この章のステージは、すぐに実行が終わるよう小さくしてあります。`benchmarks/pipeline.py` はもっと大きなステージ（幅 1024 の層を 8つ、マイクロバッチあたり 64行）を使います。その結果は `benchmarks/results/pipeline-vm-20261201-141628.json` に保存してあります（このコースの CPU 2コアのマシンで測ったもので、開始時のロードアベレージは 1.1〜1.8 と、マシンは空いていませんでした）。`m` = 4 と 8 のとき、GPipe で 0.265 と 0.178、1F1B で 0.232 と 0.137 でした。式の値は 0.200 と 0.111 で、式の 20% 以内という目標に入ったのは 1F1B の `m` = 4 だけです。リンクが運ぶ速さに比べてデバイスの計算がずっと速ければ、差はさらに広がることがあります。GPipe の論文は、その論文のハードウェアでは `m >= 4p` ならバブルは無視できると報告しています。そこではマイクロバッチ 1つの計算が、こうした決まった費用よりはるかに大きいからです。この章の実行では、`m = 4p` でも、測ったバブルは式の値を大きく上回りました。
 # - 式の上では GPipe と 1F1B のバブルは同じです。1F1B が節約するのはメモリで、時間ではありません。測った 2つの行の違いは、式が数えない費用から来ています。バブルそのものを減らすスケジュールは、各ランクの層をさらに小さな複数のステージに分けたり（インターリーブ 1F1B、`ScheduleInterleaved1F1B`）、逆伝播を 2つの部分に分けたり（ゼロバブルのスケジュール）します。
 # - マイクロバッチを増やすとバブルは縮みますが、1つ 1つが小さくなります。GPU では小さなマイクロバッチはデバイスを十分に使えません。実際のパイプラインが大きな全体のバッチサイズを使うのはこのためです。
 # - プロセスの数よりコアが少ないマシンでは、プロセスが交代でコアを使います。ステージについての式は、このことを知りません。
