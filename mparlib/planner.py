@@ -394,11 +394,12 @@ class Memory:
     gradients: float
     optimizer: float
     activations: float
+    gathered: float = 0.0  # ZeRO-3 / FSDP: the units gathered whole for the moment they compute
 
     @property
     def total(self):
-        """All four parts together."""
-        return self.parameters + self.gradients + self.optimizer + self.activations
+        """All five parts together."""
+        return self.parameters + self.gradients + self.optimizer + self.activations + self.gathered
 
 
 def local_parameters(model, layout):
@@ -408,6 +409,19 @@ def local_parameters(model, layout):
     whole on every rank, as in chapter 10), experts by ``ep x tp``; it holds the input table (a token table split
     by ``tp``) and, without a pipeline, the head too.
     """
+    dense, experts = _block_local(model, layout)
+    layers = layout.stage_layers(model)
+    outer = model.outer_parameters()
+    table = model.vocab * model.dim
+    t = layout.tp
+    dense = layers * dense + outer["embedding"] - table + table / t
+    if layout.pp == 1:
+        dense += outer["head"] / (t if model.vocab and not model.pooled else 1) + outer["norm"]
+    return {"dense": dense, "experts": layers * experts}
+
+
+def _block_local(model, layout):
+    """``(dense, experts)``: the parameters of one block on a rank, split by ``tp`` (and experts by ``ep``)."""
     t, d, kv = layout.tp, model.dim, model.kv_dim
     norms = 2 * (2 if model.norm == "layernorm" else 1) * d
     attention = 2 * d * d + 2 * d * kv + (model.bias and d + 2 * kv)
@@ -419,13 +433,7 @@ def local_parameters(model, layout):
         experts = model.experts * (mlp / t + row_bias) / layout.ep
     else:
         dense, experts = norms + attention / t + mlp / t + 2 * row_bias, 0
-    layers = layout.stage_layers(model)
-    outer = model.outer_parameters()
-    table = model.vocab * d
-    dense = layers * dense + outer["embedding"] - table + table / t
-    if layout.pp == 1:
-        dense += outer["head"] / (t if model.vocab and not model.pooled else 1) + outer["norm"]
-    return {"dense": dense, "experts": layers * experts}
+    return dense, experts
 
 
 def memory_per_rank(model, layout, global_batch, precision="fp32", optimizer="adam", regather=False):
@@ -437,7 +445,9 @@ def memory_per_rank(model, layout, global_batch, precision="fp32", optimizer="ad
     micro-batch on this rank (``seq / cp`` of each sample), for each block of its stage, for the micro-batches in
     flight (:func:`in_flight`); with ``recompute``, only each block's input, plus one block in full (``regather``:
     as :func:`activation_bytes_per_layer`). Without a pipeline it is also the last rank and adds the output scores
-    of one micro-batch with their float32 copy for the loss (``tokens x outputs / tp x (e + 4)``). Buffers of
+    of one micro-batch with their float32 copy for the loss (``tokens x outputs / tp x (e + 4)``). Under ZeRO-3
+    (FSDP) ``gathered`` adds what chapter 09 measured FSDP2 to hold whole at a time: two blocks' parameters (the one
+    computing and the one prefetched) and one block's gradients before their reduce-scatter. Buffers of other
     collectives, temporaries and the allocator's fragmentation are not counted.
     """
     one_of(optimizer, "optimizer", OPTIMIZERS, "memory_per_rank")
@@ -459,7 +469,12 @@ def memory_per_rank(model, layout, global_batch, precision="fp32", optimizer="ad
         activations = tokens * per_token * layers * in_flight(layout)
     if layout.pp == 1 and not model.pooled:  # this rank is also the last: the scores and the loss's float32 copy
         activations += tokens * (model.outputs or model.vocab) / layout.tp * (e + 4)
-    return Memory(parts["params"], parts["grads"], parts["optimizer"], activations)
+    gathered = 0.0
+    if layout.zero == 3 and layout.data_ranks() > 1:  # chapter 09: FSDP gathers a block whole to compute it, and
+        block = sum(_block_local(model, layout))  # prefetches the next; the block's gradients are whole until
+        per = bytes_per_parameter(precision, optimizer)  # they are reduce-scattered
+        gathered = block * (2 * per["params"] + per["grads"])
+    return Memory(parts["params"], parts["grads"], parts["optimizer"], activations, gathered)
 
 
 @dataclass(frozen=True)

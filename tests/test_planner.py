@@ -322,3 +322,18 @@ def test_flops_of_gated_grouped_query_and_expert_models_by_hand():
     moe = planner.ModelShape(layers=1, dim=8, heads=2, hidden=32, seq=4, vocab=10, experts=4, top_k=2,
                              expert_hidden=16)
     assert moe.flops_per_sample() == 3 * (4 * (2 * (2 * 64 + 2 * 64) + 128 + 1024 + 64) + 640)
+
+
+def test_fsdp_holds_two_blocks_whole_and_one_blocks_gradients():
+    """ZeRO-3: two blocks' parameters gathered (one computing, one prefetched) and one block's gradients before their
+    reduce-scatter, fp32: 2 x 4 + 4 = 12 bytes per parameter of one block; nothing of the kind at ZeRO-1 or on 1 rank."""
+    config = ViTConfig()
+    shape = planner.ModelShape.from_vit(config)
+    block = sum(p.numel() for p in Block(config.dim, config.heads, config.hidden).parameters())
+    fsdp = planner.memory_per_rank(shape, planner.Layout(dp=4, zero=3), 16)
+    assert fsdp.gathered == 12 * block
+    assert fsdp.total == pytest.approx(fsdp.parameters + fsdp.gradients + fsdp.optimizer + fsdp.activations + 12 * block)
+    assert planner.memory_per_rank(shape, planner.Layout(dp=4, zero=1), 16).gathered == 0
+    assert planner.memory_per_rank(shape, planner.Layout(dp=1, zero=3), 16).gathered == 0
+    with_tp = planner.memory_per_rank(shape, planner.Layout(dp=2, zero=3, tp=2), 16)
+    assert with_tp.gathered < fsdp.gathered  # a tensor-parallel rank gathers only its half of the matrices
