@@ -683,11 +683,12 @@ overlap = cp_reports[2]["overlap"]
 for name, label in (("compute", tr("compute alone", "計算だけ")), ("communication", tr("send/recv alone", "送受信だけ")),
                     ("ring", tr("ring (both)", "リング（両方）"))):
     median, low, high = overlap["ms_per_step"][name]
-    print(f"{label:<20} {median:8.2f} ms " + tr("per step", "/ステップ") + f"  ({low:.2f} - {high:.2f})")
-print(tr(f"{overlap['repeats']} rounds; load average {overlap['load']['before']:.2f} before, "
-         f"{overlap['load']['after']:.2f} after: " + ("busy (above 0.3 per core)" if overlap["load"]["busy"] else "not busy"),
-         f"{overlap['repeats']}巡。ロードアベレージは前 {overlap['load']['before']:.2f}、後 "
-         f"{overlap['load']['after']:.2f}: " + ("混んでいます（コアあたり 0.3 超）" if overlap["load"]["busy"] else "空いています")))
+    print(col(label, 20) + f" {median:8.2f} ms " + tr("per step", "/ステップ") + f"  ({low:.2f} - {high:.2f})")
+load, busy = overlap["load"], overlap["load"]["busy"]
+print(tr(f"{overlap['repeats']} rounds; load average (1 min) {load['before']:.2f} before, {load['after']:.2f} after: "
+         + ("busy (above 0.3 per core)" if busy else "not busy"),
+         f"{overlap['repeats']}巡。ロードアベレージ（1分）: 計測前 {load['before']:.2f}、計測後 {load['after']:.2f}。"
+         + ("混んでいます（コアあたり 0.3 超）" if busy else "空いています")))
 print(tr(f"block of keys and values per step: {overlap['bytes_per_step'] / 2**20:.2f} MiB; the ring adds "
          f"{overlap['exposed_ms']:.2f} ms per step to the compute; hidden share of the communication: "
          f"{overlap['hidden']:.0%}",
