@@ -114,7 +114,7 @@ def goals(rows, ratio):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="the smoke ViT and one timed step: a short check")
+    ap.add_argument("--quick", action="store_true", help="the smoke ViT and smaller batches: a short check")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     args = ap.parse_args(argv)
     h = dict(HYPER, **(QUICK if args.quick else {}))
