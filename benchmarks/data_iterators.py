@@ -4,9 +4,12 @@ Claim: the device-resident iterator (the whole set as one uint8 tensor on the de
 normalised there) delivers batches much faster than the classic DataLoader over a torchvision-style data set
 (one PIL image and one ToTensor per example), so it keeps a training loop from waiting on its input.
 
-Measures only delivering the batches: each batch is touched with a sum (so lazy work cannot be skipped) and CUDA
-is synchronised before the clock is read. No model runs. One untimed warm-up pass over a few batches first.
-Hardware and software are recorded in the JSON written to benchmarks/results/data_iterators-<host kind>.json.
+Measures only delivering the batches: each batch is touched with a sum (so lazy work cannot be skipped). No model
+runs. One untimed warm-up pass over a few batches first; then whole epochs are timed by `mparlib.timing.measure`,
+the course's one way to time (CUDA synchronised around each, at least `repeats` epochs); the rate comes from the
+median epoch, with the fastest and the slowest epoch beside it. Hardware and software are recorded in the JSON
+written to benchmarks/results/data_iterators-<host kind>.json, with `load`: the load average before and after the
+run and `busy` (above 0.3 per core).
 
 Run: .venv/bin/python benchmarks/data_iterators.py   (needs the real data set: apt-get install dataset-fashion-mnist)
 """
@@ -22,8 +25,9 @@ import torch
 import torchvision
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from record import git_commit  # noqa: E402  (benchmarks/record.py)
+import record  # noqa: E402  (benchmarks/record.py: machine, commit, load)
 from mparlib import data, sources  # noqa: E402
+from mparlib.timing import measure as measure_calls  # noqa: E402
 
 HYPER = {
     "batch_size": 256,             # as in d2l's Fashion-MNIST chapters
@@ -31,23 +35,19 @@ HYPER = {
     "classic_num_workers": [0, min(4, os.cpu_count() or 1)],  # in-process, and d2l's 4 capped at the CPU count
     "resize": None,                # 28x28 as stored
     "warmup_batches": 5,
-    "repeats": 3,                  # epochs timed per iterator; the fastest is reported (others share the CPUs)
+    "repeats": 5,                  # epochs timed per iterator, at least; the median is reported
 }
 
 
-def timed_epoch(it, device):
-    """Seconds and images for one full pass over ``it``, touching every batch."""
+def epoch(it, device, seen):
+    """One full pass over ``it``, touching every batch; ``seen`` gets the images and the checksum of the pass."""
     total = torch.zeros((), device=device)
     n = 0
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    sync()
-    start = time.perf_counter()
     for x, y in it:
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         total += x.sum() + y.sum()
         n += len(y)
-    sync()
-    return time.perf_counter() - start, n, float(total)
+    seen[:] = [n, float(total)]
 
 
 def measure(name, make, device):
@@ -55,12 +55,13 @@ def measure(name, make, device):
     for i, _batch in enumerate(train):  # warm-up: starts workers, fills caches, initialises CUDA
         if i + 1 >= HYPER["warmup_batches"]:
             break
-    runs = [timed_epoch(train, device) for _ in range(HYPER["repeats"])]
-    seconds, n, checksum = min(runs)
-    return {"iterator": name, "device": str(device), "images": n, "seconds": round(seconds, 4),
-            "images_per_s": round(n / seconds), "batches": len(train), "sum": checksum}
-
-
+    seen = []
+    t = measure_calls(lambda: epoch(train, device, seen), warmup=0, min_repeats=HYPER["repeats"], min_seconds=0,
+                      device=device if device.type == "cuda" else None)
+    n, checksum = seen
+    return {"iterator": name, "device": str(device), "images": n, "seconds": round(t.median, 4),
+            "seconds_min_max": [round(min(t.times), 4), round(max(t.times), 4)], "epochs": len(t.times),
+            "images_per_s": round(n / t.median), "batches": len(train), "sum": checksum, "busy": t.busy}
 
 
 def cpu_model():
@@ -80,7 +81,7 @@ def host_kind():
 
 def main():
     bs, resize = HYPER["batch_size"], HYPER["resize"]
-    load_before = os.getloadavg()
+    start = record.machine()
     sources.read_split(sources.locate(download=False), HYPER["split"])  # read and checked once, outside the clock
     cpu = torch.device("cpu")
     rows = []
@@ -105,11 +106,11 @@ def main():
         "hyperparameters": HYPER,
         "hardware": {"host_kind": host_kind(), "cpu": cpu_model(),
                      "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-                     "load_average_1min_before_after": [round(load_before[0], 2), round(os.getloadavg()[0], 2)],
                      "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]},
         "software": {"python": platform.python_version(), "torch": torch.__version__,
                      "torchvision": torchvision.__version__, "cuda": torch.version.cuda, "os": platform.platform()},
-        "git_commit": git_commit(),
+        "git_commit": record.git_commit(),
+        "load": record.load(start),
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "results": rows,
     }
@@ -120,10 +121,14 @@ def main():
     os.replace(tmp, out)
 
     print(f"Fashion-MNIST {HYPER['split']} epoch, batch {bs}, {host_kind()}, torch {torch.__version__}")
-    print(f"{'iterator':<42} {'seconds':>8} {'images/s':>10} {'speed-up':>9}")
+    print(f"{'iterator':<42} {'seconds':>8} {'min-max':>13} {'images/s':>10} {'speed-up':>9}")
     for r in rows:
-        print(f"{r['iterator']:<42} {r['seconds']:>8.2f} {r['images_per_s']:>10,} {r['speedup_vs_first']:>8.1f}x")
-    print(f"load average (1 min) before/after: {load_before[0]:.1f} / {os.getloadavg()[0]:.1f}; written to {out}")
+        low, high = r["seconds_min_max"]
+        print(f"{r['iterator']:<42} {r['seconds']:>8.2f} {f'{low:.2f}-{high:.2f}':>13} {r['images_per_s']:>10,} "
+              f"{r['speedup_vs_first']:>8.1f}x")
+    load = result["load"]
+    print(f"load average (1 min) before/after: {load['load_1min_before']:.1f} / {load['load_1min_after']:.1f}, "
+          f"{load['load_per_core']:.2f} per core: {'BUSY' if load['busy'] else 'not busy'}; written to {out}")
 
 
 if __name__ == "__main__":

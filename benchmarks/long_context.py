@@ -6,7 +6,8 @@ one-process bytes) / N for N = 2 and 4; (2) with the balanced causal split the s
 within 15% of the mean (the naive, contiguous split's imbalance is recorded beside it); (3) how much of the ring's
 send/recv hides behind the blocks' compute is measured, not claimed.
 
-Hardware and software: recorded in the JSON (CPU count, GPUs, load average at the start, torch version, commit).
+Hardware and software: recorded in the JSON (CPU count, GPUs, torch version, commit, and `load`: the 1-minute load
+average before and after the run, per core, and `busy` when it exceeds 0.3 per core).
 
 Method: `mparlib.ring_attention`, float32, batch 8, 4 heads of width 16 (the smoke ViT's heads), sequence lengths
 from Fashion-MNIST patches: 16 (7x7 patches), 196 (2x2), 784 (1x1 pixels); 49 (4x4 patches) does not split into
@@ -14,20 +15,22 @@ from Fashion-MNIST patches: 16 (7x7 patches), 196 (2x2), 784 (1x1 pixels); 49 (4
 `torch.autograd.graph.saved_tensors_hooks` (`ring_attention.SavedBytes`, every storage once), + the largest score
 block that exists at one time, B x H x (T/N)^2 numbers (`measure_memory`); deterministic. For reference, one
 process of `F.scaled_dot_product_attention` with the math backend and with the fused CPU kernel (saved bytes
-only). Times (`measure_overlap`): the forward pass, compute alone, send/recv alone and the ring, each after a
-warm-up, at least `repeats` runs and `min_seconds`, the slowest rank's time per run; median, min and max, divided
-by the N steps of the ring. Causal balance (`measure_balance`): each rank's own blocks timed without messages,
-median of `repeats` runs per rank, and the score elements each rank computes (a deterministic proxy). CPU ranks
+only). Every time comes from `mparlib.timing` (`measure`, `measure_each`), the course's one way to time: a
+warm-up, then at least `min_repeats` calls (rounds, where several functions are timed in turn) and `min_seconds`
+of them. Times (`measure_overlap`):
+the forward pass, compute alone, send/recv alone and the ring, timed in turn, round by round, each call after a
+barrier, the slowest rank's time per call; median, min and max, divided by the N steps of the ring, with the load
+and `busy` of the timing. Causal balance (`measure_balance`): each rank's own blocks timed without messages, the
+median and min-max per rank, and the score elements each rank computes (a deterministic proxy). CPU ranks
 share the cores (the launcher's default: cores // N threads each); on a machine busy with other work or with more
 processes than cores, times are noisy: read them with the load average recorded beside them.
 
     python benchmarks/long_context.py            # lengths 16, 196, 784 on 1, 2 and 4 processes
-    python benchmarks/long_context.py --quick    # fewer repeats: a short check that it all runs
+    python benchmarks/long_context.py --quick    # the course's minimum (5 calls, 50 ms): a short check that it runs
     python benchmarks/long_context.py --threads 1   # one thread per rank (a machine busy with other work)
 Writes benchmarks/results/long_context-<host>-<date>.json (long_context-quick-... with --quick).
 """
 import argparse
-import os
 import sys
 import time
 from pathlib import Path
@@ -50,14 +53,14 @@ HYPER = {
     "heads": 4,
     "head_dim": 16,
     "worlds": [1, 2, 4],
-    "repeats": 10,
+    "min_repeats": 10,
     "min_seconds": 2.0,
     "balance_length": 784,
     "threads_per_rank": None,  # None: the launcher's default, cores // N; 1 on a machine busy with other work
     "goal_memory_ratio": 1.15,  # activation bytes per rank <= ratio x one process / N at the longest length
     "goal_balance": 1.15,  # balanced causal split: slowest rank <= 1.15 x mean compute time
 }
-QUICK = {"repeats": 3, "min_seconds": 0.0}
+QUICK = {"min_repeats": 5, "min_seconds": 0.05}
 
 
 def sdpa_rows(h):
@@ -84,7 +87,7 @@ def ring_rows(h, backend):
     for n in h["worlds"]:
         memory = run(measure_memory, n, backend, h["threads_per_rank"], lengths=tuple(h["lengths"]), **shape)
         for length in h["lengths"]:
-            t = run(measure_overlap, n, backend, h["threads_per_rank"], length=length, repeats=h["repeats"],
+            t = run(measure_overlap, n, backend, h["threads_per_rank"], length=length, min_repeats=h["min_repeats"],
                     min_seconds=h["min_seconds"], **shape)
             largest = max(memory, key=lambda m: m[length]["activation_bytes"])[length]
             rows.append({"ranks": n, "seq_len": length, "method": "ring",
@@ -95,10 +98,11 @@ def ring_rows(h, backend):
                          "ms_per_step_min_max": t["ms_per_step"]["ring"][1:],
                          "compute_ms_per_step": t["ms_per_step"]["compute"],
                          "communication_ms_per_step": t["ms_per_step"]["communication"],
-                         "hidden_share_of_communication": t["hidden"], "bytes_sent_per_step": t["bytes_per_step"]})
+                         "hidden_share_of_communication": t["hidden"], "bytes_sent_per_step": t["bytes_per_step"],
+                         "rounds": t["repeats"], "timing_load": t["load"]})
         if n > 1:
             balance[n] = run(measure_balance, n, backend, h["threads_per_rank"], length=h["balance_length"],
-                             repeats=h["repeats"], **shape)
+                             min_repeats=h["min_repeats"], min_seconds=h["min_seconds"], **shape)
     return rows, balance
 
 
@@ -110,6 +114,8 @@ def balance_rows(balance, h):
             mean = sum(ms) / len(ms)
             rows.append({"ranks": n, "seq_len": h["balance_length"], "method": f"causal-{split}",
                          "compute_ms_per_rank": ms, "slowest_over_mean": max(ms) / mean,
+                         "compute_ms_min_max_per_rank": [r["ms_min_max"] for r in ranks],
+                         "busy_per_rank": [r["busy"] for r in ranks],
                          "score_elements_per_rank": [r["score_elements"] for r in ranks]})
     return rows
 
@@ -134,7 +140,7 @@ def goals(rows, balance, h):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="fewer repeats: a short check that it all runs")
+    ap.add_argument("--quick", action="store_true", help="the course's minimum timing: a short check that it runs")
     ap.add_argument("--threads", type=int, default=None, help="threads per rank (default: cores // N)")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     args = ap.parse_args(argv)
@@ -148,7 +154,7 @@ def main(argv=None):
     result = {"benchmark": "long_context", "claim": " ".join(__doc__.split("\n\n")[1].split()), "quick": args.quick,
               "hyperparameters": h, "backend": backend, "rows": rows + balanced, "goals": checked,
               "all_goals_met": all(g["met"] for g in checked), "hardware": start, "software": record.software(),
-              "load_average_at_end": list(os.getloadavg()),
+              "load": record.load(start),
               "seconds": round(time.time() - t0, 1), "date": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     path = record.save(result, args.out, "long_context-quick" if args.quick else "long_context")
     print(f"{'N':>2} {'T':>5} {'method':<18} {'activation/rank':>16} {'ms/step':>9}")
@@ -160,6 +166,9 @@ def main(argv=None):
               f"{[round(t, 1) for t in r['compute_ms_per_rank']]}, slowest / mean {r['slowest_over_mean']:.2f}")
     for g in checked:
         print(f"goal N={g['ranks']}: {g['value']:,} <= {g['limit']:,}: {'met' if g['met'] else 'NOT met'}")
+    load = result["load"]
+    print(f"load average (1 min): {load['load_1min_before']} before, {load['load_1min_after']} after, "
+          f"{load['load_per_core']:.2f} per core: {'BUSY' if load['busy'] else 'not busy'}")
     print(f"-> {path}")
     return 0 if result["all_goals_met"] else 1
 

@@ -5,10 +5,12 @@ Claim (issue "mparlib.parallel"): for the course's ResNet-18 at batch 256, data_
 compute-bound; for a small MLP the fixed costs (copying the weights, one thread per replica, gathering) show.
 
 Measures one training step, forward + backward (cross-entropy on random labels), with the model in train mode and
-gradients set to None before each step. Direct and data_parallel steps are interleaved (their order alternates
-each repetition) so that load from other processes on a shared machine hits both alike. Reported: the median step
-time and the ratio data_parallel / direct, and also the fastest step of each (the least disturbed one when other
-jobs share the cores).
+gradients set to None before each step (untimed). The steps are timed by `mparlib.timing.measure_each`, the course's
+one way to time: warm-up steps, then direct and data_parallel steps in turn, round by round, so that load from other
+processes on a shared machine hits both alike, at least `repeats` rounds and 50 ms in all. Reported: the
+median step time, the quartiles, the ratio data_parallel / direct, and also the fastest step of each (the least
+disturbed one when other jobs share the cores); `load` holds the load average before and after the run and `busy`
+(above 0.3 per core).
 No CUDA here: simulated devices share the same CPU cores, so this measures overhead, not a speed-up.
 Hardware, software, machine load and the git commit are written to benchmarks/results/parallel_overhead-cpu.json.
 
@@ -18,7 +20,6 @@ import argparse
 import json
 import os
 import platform
-import statistics
 import subprocess
 import sys
 import time
@@ -31,6 +32,8 @@ from torch.nn import functional as F
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from mparlib.parallel import data_parallel  # noqa: E402
+from mparlib.timing import measure_each  # noqa: E402
+import record  # noqa: E402  (benchmarks/record.py: machine, software, commit, saving)
 
 HYPER = {
     # torch_threads: None keeps PyTorch's default (one intra-op thread per core); 1 shows the cost without the
@@ -38,8 +41,8 @@ HYPER = {
     "mlp": {"layers": [784, 256, 256, 10], "batch": 256, "ks": [1, 2, 4], "warmup": 3, "repeats": 50,
             "torch_threads": [None, 1]},
     # d2l's ResNet-18 for Fashion-MNIST: 1x28x28 images, 10 classes. One step takes seconds on a few CPU cores,
-    # so only a few repetitions are measured.
-    "resnet18": {"image": [1, 28, 28], "classes": 10, "batch": 256, "ks": [2], "warmup": 1, "repeats": 3},
+    # so only the course's minimum of 5 repetitions is measured.
+    "resnet18": {"image": [1, 28, 28], "classes": 10, "batch": 256, "ks": [2], "warmup": 1, "repeats": 5},
     "seed": 0,
 }
 
@@ -59,35 +62,26 @@ def resnet18():
 
 
 def step(net, x, y, devices):
-    """One forward + backward; ``devices=None`` is the direct call. Returns seconds."""
-    net.zero_grad(set_to_none=True)
-    start = time.perf_counter()
-    out = net(x) if devices is None else data_parallel(net, x, devices)
-    F.cross_entropy(out, y).backward()
-    return time.perf_counter() - start
+    """One forward + backward, as a function of no arguments; ``devices=None`` is the direct call."""
+    def run():
+        out = net(x) if devices is None else data_parallel(net, x, devices)
+        F.cross_entropy(out, y).backward()
+    return run
 
 
 def compare(net, x, y, k, warmup, repeats):
-    """Interleaved direct and data_parallel steps; medians and their ratio."""
-    devices = ["cpu"] * k
-    for _ in range(warmup):
-        step(net, x, y, None)
-        step(net, x, y, devices)
-    direct, parallel = [], []
-    for r in range(repeats):
-        if r % 2 == 0:
-            direct.append(step(net, x, y, None))
-            parallel.append(step(net, x, y, devices))
-        else:
-            parallel.append(step(net, x, y, devices))
-            direct.append(step(net, x, y, None))
-    d, p = statistics.median(direct), statistics.median(parallel)
-    return {"k": k, "direct_s": [round(t, 5) for t in direct], "data_parallel_s": [round(t, 5) for t in parallel],
-            "direct_median_s": round(d, 5), "data_parallel_median_s": round(p, 5), "ratio": round(p / d, 3),
-            "overhead_pct": round(100 * (p / d - 1), 1),
+    """Direct and data_parallel steps timed in turn; medians, quartiles and their ratio."""
+    t = measure_each({"direct": step(net, x, y, None), "data_parallel": step(net, x, y, ["cpu"] * k)},
+                     warmup=warmup, min_repeats=repeats, before=lambda: net.zero_grad(set_to_none=True))
+    d, p = t["direct"], t["data_parallel"]
+    return {"k": k, "direct_s": [round(v, 5) for v in d.times], "data_parallel_s": [round(v, 5) for v in p.times],
+            "direct_median_s": round(d.median, 5), "data_parallel_median_s": round(p.median, 5),
+            "direct_q1_q3_s": [round(v, 5) for v in d.quartiles],
+            "data_parallel_q1_q3_s": [round(v, 5) for v in p.quartiles],
+            "ratio": round(p.median / d.median, 3), "overhead_pct": round(100 * (p.median / d.median - 1), 1),
             # On a machine shared with other jobs the fastest step is the least disturbed one.
-            "direct_min_s": round(min(direct), 5), "data_parallel_min_s": round(min(parallel), 5),
-            "ratio_of_min": round(min(parallel) / min(direct), 3)}
+            "direct_min_s": round(min(d.times), 5), "data_parallel_min_s": round(min(p.times), 5),
+            "ratio_of_min": round(min(p.times) / min(d.times), 3), "busy": d.busy}
 
 
 def git_state():
@@ -106,7 +100,7 @@ def main():
     parser.add_argument("--only", choices=["mlp", "resnet18"], help="measure one model only")
     args = parser.parse_args()
     torch.manual_seed(HYPER["seed"])
-    load_before = os.getloadavg()
+    start = record.machine()
     rows = []
 
     default_threads = torch.get_num_threads()
@@ -141,8 +135,8 @@ def main():
         "hyperparameters": HYPER,
         "hardware": {"cpu": platform.processor() or platform.machine(), "cpu_count": os.cpu_count(),
                      "torch_threads": torch.get_num_threads(),
-                     "load_average_1min_before_after": [round(load_before[0], 2), round(os.getloadavg()[0], 2)],
                      "gpus": []},
+        "load": record.load(start),
         "software": {"python": platform.python_version(), "torch": torch.__version__, "os": platform.platform()},
         "git": git_state(),
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -156,7 +150,7 @@ def main():
         for r in kept:
             r.setdefault("time", earlier["time"])
             r.setdefault("torch_threads", earlier["hardware"]["torch_threads"])
-            r.setdefault("load_average_1min_before_after", earlier["hardware"]["load_average_1min_before_after"])
+            r.setdefault("load", earlier.get("load"))  # the run it came from (absent in runs before `load` existed)
         rows = [r for r in rows if r["model"].lower().startswith("mlp")] + kept + \
             [r for r in rows if not r["model"].lower().startswith("mlp")]
         result["results"] = rows
@@ -172,7 +166,9 @@ def main():
     for r in rows:
         print(f"{r['model']:<38} {r.get('torch_threads', '-'):>7} {r['k']:>2} {r['direct_median_s']:>9.4f} "
               f"{r['data_parallel_median_s']:>16.4f} {r['ratio']:>6.2f} {r['ratio_of_min']:>17.2f}")
-    print(f"load average (1 min) before/after: {load_before[0]:.1f} / {os.getloadavg()[0]:.1f}; written to {out}")
+    load = result["load"]
+    print(f"load average (1 min) before/after: {load['load_1min_before']:.1f} / {load['load_1min_after']:.1f}, "
+          f"{load['load_per_core']:.2f} per core: {'BUSY' if load['busy'] else 'not busy'}; written to {out}")
 
 
 if __name__ == "__main__":

@@ -10,8 +10,9 @@ d2l-style loop of chapter 05 without losing accuracy:
     CPU's short runs of a narrow ResNet-18, 0.88 in the GPU's 10 full epochs).
 The JSON written says, for each goal, what was measured and whether the goal was met.
 
-Hardware and software (device names, CPU count, load average, torch/CUDA/cuDNN versions, git commit) are recorded
-in the JSON written to benchmarks/results/train_throughput-<host kind>.json.
+Hardware and software (device names, CPU count, torch/CUDA/cuDNN versions, git commit) are recorded in the JSON
+written to benchmarks/results/train_throughput-<host kind>.json, with `load`: the 1-minute load average before and
+after the run, per core, and `busy` when it exceeds 0.3 per core (then other work competed for the processors).
 
 What runs, all in one process on one device (cuda:0, else the CPU), on the same model (mparlib.models.resnet18(10)):
   throughput         (a) baseline: torchvision-style data set + DataLoader (worker processes, pinned memory on a
@@ -58,7 +59,8 @@ import torch
 import torchvision
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from record import git_commit  # noqa: E402  (benchmarks/record.py)
+import record  # noqa: E402  (benchmarks/record.py: commit, load)
+from record import git_commit  # noqa: E402
 from mparlib import data, fastpath, sources  # noqa: E402
 from mparlib import loop as T  # noqa: E402
 from mparlib.models import resnet18  # noqa: E402
@@ -180,6 +182,7 @@ def throughput(device, hp, quick):
         if r["images_per_s"]:
             row["images_per_s"] = round(max(r["images_per_s"]), 2)  # the least disturbed run
             row["images_per_s_median"] = round(statistics.median(r["images_per_s"]), 2)
+            row["images_per_s_min_max"] = [round(min(r["images_per_s"]), 2), round(max(r["images_per_s"]), 2)]
         rows.append(row)
     return rows
 
@@ -314,7 +317,7 @@ def main(argv=None):
     if args.time_to_accuracy and "time-to-accuracy" not in parts:
         parts.append("time-to-accuracy")
     sources.read_split(sources.locate(download=False), "train")  # found and checked once, outside every clock
-    load_before = round(os.getloadavg()[0], 2)
+    start = record.machine()
     result = {"benchmark": "train_throughput", "claim": __doc__.split("\n\n")[1], "goals": GOALS,
               "hyperparameters": {**{k: v for k, v in HYPER.items() if k not in ("cpu", "cuda")}, kind: hp},
               "quick": args.quick, "hardware": hardware(device), "software": software(), "git_commit": git_commit(),
@@ -402,7 +405,7 @@ def main(argv=None):
                    for k, v in accuracy_verdict(runs["baseline"], runs["fast"], tta["learned"]).items()},
                 "time_goal_met": fast_s is not None and fast_s <= GOALS["time_to_accuracy_s"]}
 
-    result["load_average_1min_before_after"] = [load_before, round(os.getloadavg()[0], 2)]
+    result["load"] = record.load(start)
     out = Path(args.out) if args.out else Path(__file__).parent / "results" / f"train_throughput-{host_kind()}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp")
@@ -421,6 +424,9 @@ def main(argv=None):
             print(f"{r['config']:<32} {r['batch_size']:>6} {r['images_per_s']:>10.1f} "
                   f"{r.get('speedup_vs_baseline', math.nan):>8.2f}x {r['achieved_tflops']:>9.4f} {frac:>8}   {median}")
         print(f"throughput goal: {result['throughput_goal']}")
+    load = result["load"]
+    print(f"load average (1 min): {load['load_1min_before']} before, {load['load_1min_after']} after, "
+          f"{load['load_per_core']:.2f} per core: {'BUSY' if load['busy'] else 'not busy'}")
     print(f"written to {out}")
     return 0
 

@@ -11,8 +11,6 @@ one contiguous slice (``"contiguous"``, unbalanced under a causal mask) or two c
 Explained in 11_sequence_context_experts.
 """
 import math
-import statistics
-import time
 
 import torch
 import torch.distributed as dist
@@ -20,6 +18,7 @@ import torch.distributed as dist
 from .checks import flag, one_of
 from .errors import ConfigError
 from .lang import tr
+from .timing import measure, measure_each, slowest_rank
 
 SPLITS = ("contiguous", "balanced")
 
@@ -293,38 +292,23 @@ def measure_memory(lengths=(16, 196, 784), batch=8, heads=4, dim=16, dtype=torch
     return _gather_objects(out)
 
 
-def _timed(fns, repeats, min_seconds=0.0, group=None):
-    """{name: (median, min, max)} of the slowest rank's seconds for each ``fns[name]()``, run in turn, round by round.
-
-    Each round runs every function once, each after a barrier, so that a change in the machine's load falls on all
-    of them alike; at least ``repeats`` rounds and ``min_seconds`` of them. The stopping rule reads only the
-    all-reduced times, so every rank stops together.
-    """
-    world = _place(group)[1]
-    for fn in fns.values():
-        fn()  # warm-up
-    times = {name: [] for name in fns}
-    while len(times[next(iter(fns))]) < repeats or sum(map(sum, times.values())) < min_seconds:
-        for name, fn in fns.items():
-            if world > 1:
-                dist.barrier(group)
-            start = time.perf_counter()
-            fn()
-            elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
-            if world > 1:
-                dist.all_reduce(elapsed, op=dist.ReduceOp.MAX, group=group)
-            times[name].append(elapsed.item())
-    return {name: (statistics.median(t), min(t), max(t)) for name, t in times.items()}
+def _timing_options(world, group=None):
+    """``measure``'s ``before`` and ``across`` for a timing on every rank: a barrier, then the slowest rank's time."""
+    if world == 1:
+        return {}
+    return {"before": lambda: dist.barrier(group), "across": lambda values: slowest_rank(values, group)}
 
 
-def measure_overlap(length=784, batch=8, heads=4, dim=16, repeats=5, min_seconds=0.0, device="cpu"):
+def measure_overlap(length=784, batch=8, heads=4, dim=16, min_repeats=5, min_seconds=0.05, device="cpu"):
     """Time per ring step of the forward pass: compute alone, send/recv alone, both. Explained in 11_sequence_context_experts.
 
     ``compute``: this rank's N blocks of attention and merges with no message sent; ``communication``: the N - 1
-    moves of the key/value blocks with no compute; ``ring``: :func:`ring_attention` itself. Each is (median, min,
-    max) over ``repeats`` rounds (slowest rank) divided by N, in ms. ``exposed``: what the ring adds to the compute,
-    ``max(0, ring - compute)``; ``hidden``: the share of the communication that it did not add,
-    ``1 - exposed / communication``, clipped to [0, 1] (None on one process).
+    moves of the key/value blocks with no compute; ``ring``: :func:`ring_attention` itself. The three are timed in
+    turn, round by round, by :func:`mparlib.timing.measure_each` (a barrier before each call, the slowest rank's
+    time, at least ``min_repeats`` rounds and ``min_seconds`` for each); each is (median, min, max) divided by N, in
+    ms. ``exposed``: what the ring adds to the compute, ``max(0, ring - compute)``; ``hidden``: the share of the
+    communication that it did not add, ``1 - exposed / communication``, clipped to [0, 1] (None on one process).
+    ``load``: rank 0's load average before and after, and whether the machine was busy.
     """
     rank, world = _place(None)
     q, k, v = (shard_sequence(t, rank, world) for t in _inputs(length, batch, heads, dim, torch.float32, device))
@@ -342,20 +326,25 @@ def measure_overlap(length=784, batch=8, heads=4, dim=16, repeats=5, min_seconds
                 request.wait()
 
     with torch.no_grad():
-        result = _timed({"compute": compute, "communication": communication,
-                         "ring": lambda: ring_attention(q, k, v)}, repeats, min_seconds)
-    ms = {name: [1000 * t / world for t in times] for name, times in result.items()}
+        result = measure_each({"compute": compute, "communication": communication,
+                               "ring": lambda: ring_attention(q, k, v)}, min_repeats=min_repeats,
+                              min_seconds=min_seconds, device=device, **_timing_options(world))
+    ms = {name: tuple(1000 * t / world for t in (r.median, min(r.times), max(r.times))) for name, r in result.items()}
     comm, exposed = ms["communication"][0], max(0.0, ms["ring"][0] - ms["compute"][0])
     hidden = min(1.0, max(0.0, 1 - exposed / comm)) if world > 1 and comm > 0 else None
+    ring = result["ring"]
     return {"ms_per_step": ms, "exposed_ms": exposed, "hidden": hidden, "ranks": world, "seq_len": length,
-            "bytes_per_step": 2 * q.numel() * q.element_size()}
+            "bytes_per_step": 2 * q.numel() * q.element_size(), "repeats": len(ring.times),
+            "load": {"before": ring.load_before, "after": ring.load_after, "busy": ring.busy}}
 
 
-def measure_balance(length=784, batch=8, heads=4, dim=16, repeats=5, device="cpu"):
+def measure_balance(length=784, batch=8, heads=4, dim=16, min_repeats=5, min_seconds=0.05, device="cpu"):
     """Per rank, for each split: causal score elements and compute time of its blocks. Explained in 11_sequence_context_experts.
 
     The compute is timed alone (this rank's blocks of every ring step, forward, no messages), so a rank's time is its
-    own work, not its wait for the others. Returns ``{split: [{"score_elements", "ms"} for each rank]}``.
+    own work, not its wait for the others, by :func:`mparlib.timing.measure` (at least ``min_repeats`` calls and
+    ``min_seconds``). Returns ``{split: [{"score_elements", "ms", "ms_min_max", "busy"} for each rank]}``: the median
+    and the spread in ms, and whether that rank saw a busy machine.
     """
     rank, world = _place(None)
     report = {}
@@ -371,12 +360,8 @@ def measure_balance(length=784, batch=8, heads=4, dim=16, repeats=5, device="cpu
 
         elements = sum(_slice(q, a, count).shape[2] * _slice(k, b, count).shape[2] for a, b, _ in blocks)
         with torch.no_grad():
-            work()
-            times = []
-            for _ in range(repeats):
-                start = time.perf_counter()
-                work()
-                times.append(time.perf_counter() - start)
-        mine = {"score_elements": batch * heads * elements, "ms": 1000 * statistics.median(times)}
+            t = measure(work, min_repeats=min_repeats, min_seconds=min_seconds, device=device)
+        mine = {"score_elements": batch * heads * elements, "ms": 1000 * t.median,
+                "ms_min_max": (1000 * min(t.times), 1000 * max(t.times)), "busy": t.busy}
         report[split] = _gather_objects(mine)
     return report

@@ -18,7 +18,6 @@ Sharded checkpoints are :mod:`mparlib.sharded_checkpoint`.
 """
 import contextlib
 import math
-import time
 import weakref
 
 import torch
@@ -31,7 +30,7 @@ from .checks import int_in, one_of, positive_int
 from .errors import ConfigError
 from .lang import tr
 from .rendezvous import device as rank_device
-from .timing import synchronize
+from .timing import measure, slowest_rank, synchronize
 from .vit import vit
 
 # Bytes per parameter held while training, by precision: the weights used in the forward pass, their gradients,
@@ -451,14 +450,18 @@ class PeakMemory(TorchDispatchMode):
 
 # One FSDP2 run that reports its memory per rank (the benchmark's worker) ------------------------------------------
 
-def fsdp_memory_worker(size="small", batch=8, steps=3, warmup=1, lr=1e-3, reshard_after_forward=True, seed=0):
+def fsdp_memory_worker(size="small", batch=8, steps=1, lr=1e-3, reshard_after_forward=True, seed=0, min_repeats=5,
+                       min_seconds=0.05):
     """Train a ViT with FSDP2 for a few steps; per-rank bytes, step times, collectives. Explained in 09_sharding.
 
-    Every block and then the root are wrapped with ``fully_shard``; Adam. The bytes are counted after the last
-    step, before the gradients are dropped (what a rank holds after the step, not its peak during it). Each rank
-    trains on its own random batch of ``batch`` images: the memory and the time per step do not depend on the pixels. Returns, on
+    Every block and then the root are wrapped with ``fully_shard``; Adam. The bytes are counted after ``steps``
+    training steps, before the gradients are dropped (what a rank holds after the step, not its peak during it).
+    Then more steps are timed by :func:`mparlib.timing.measure` (the steps before were the warm-up; at least
+    ``min_repeats`` steps and ``min_seconds``; a barrier before each; the slowest rank's time). Each rank trains on its
+    own random batch of ``batch`` images: the memory and the time per step do not depend on the pixels. Returns, on
     every rank, a dict with ``bytes_per_rank`` (the largest rank's count of each part), ``per_rank`` (each rank's;
-    on a GPU also ``cuda_max_allocated``), ``step_s`` (each timed step, slowest rank) and the collectives of a step.
+    on a GPU also ``cuda_max_allocated``), ``step_s`` (the :meth:`~mparlib.timing.Timing.summary` of the timed
+    steps, with every step's time in ``times``) and the collectives of a step.
     """
     dev, world, rank = rank_device(), dist.get_world_size(), dist.get_rank()
     torch.manual_seed(seed)
@@ -470,27 +473,25 @@ def fsdp_memory_worker(size="small", batch=8, steps=3, warmup=1, lr=1e-3, reshar
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)
     g = torch.Generator().manual_seed(seed + 1 + rank)
     X, y = torch.randn(batch, 1, 28, 28, generator=g).to(dev), torch.randint(0, 10, (batch,), generator=g).to(dev)
-    times, log = [], None
-    for i in range(warmup + steps):
-        optimizer.zero_grad()
-        synchronize(dev)
-        dist.barrier()
-        start = time.perf_counter()
-        with CollectiveLog() as log:
-            torch.nn.functional.cross_entropy(model(X), y).backward()
+
+    def step():
+        torch.nn.functional.cross_entropy(model(X), y).backward()
         optimizer.step()
-        synchronize(dev)
-        if i >= warmup:
-            times.append(time.perf_counter() - start)
+
+    for _ in range(positive_int(steps, "steps", 1, "fsdp_memory_worker")):
+        optimizer.zero_grad()
+        with CollectiveLog() as log:
+            step()
     mine = held_bytes(model, optimizer)
     if dev.type == "cuda":
         mine["cuda_max_allocated"] = torch.cuda.max_memory_allocated(dev)
+    timing = measure(step, warmup=0, min_repeats=min_repeats, min_seconds=min_seconds, device=dev,
+                     before=lambda: (optimizer.zero_grad(), dist.barrier()), across=slowest_rank)
     everyone = [None] * world
-    dist.all_gather_object(everyone, {"bytes": mine, "times": times})
+    dist.all_gather_object(everyone, mine)
     return {"world_size": world, "device": dev.type, "threads": torch.get_num_threads(),
-            "bytes_per_rank": {k: max(r["bytes"][k] for r in everyone) for k in ("params", "grads", "optimizer")},
-            "per_rank": [r["bytes"] for r in everyone],
-            "step_s": [max(r["times"][i] for r in everyone) for i in range(steps)],
+            "bytes_per_rank": {k: max(r[k] for r in everyone) for k in ("params", "grads", "optimizer")},
+            "per_rank": everyone, "step_s": dict(timing.summary(), times=list(timing.times)),
             "collectives_per_step": log.summary()}
 
 

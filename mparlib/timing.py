@@ -191,10 +191,28 @@ def measure(fn, *, warmup=1, min_seconds=0.05, min_repeats=5, max_repeats=10_000
     synchronisations (``device``: None synchronises every GPU, a no-op without CUDA), until their total reaches
     ``min_seconds`` *and* there were ``min_repeats`` of them, or ``max_repeats`` were made. ``before()``, if given, runs
     untimed before every call (a barrier, refilling an input). ``across(values) -> values``: for a collective timed
-    on every rank, the elementwise maximum over the ranks; every rank then decides to stop at the same repeat, and
-    each call's time is the slowest rank's. ``clock`` and ``load`` are ``time.perf_counter`` and
+    on every rank, the elementwise maximum over the ranks (:func:`slowest_rank`); every rank then decides to stop at
+    the same repeat, and each call's time is the slowest rank's. ``clock`` and ``load`` are ``time.perf_counter`` and
     :func:`load_average` (replaceable, e.g. in tests). Returns a :class:`Timing`.
     """
+    return measure_each({"fn": fn}, warmup=warmup, min_seconds=min_seconds, min_repeats=min_repeats,
+                        max_repeats=max_repeats, device=device, before=before, across=across, clock=clock,
+                        load=load, cores=cores)["fn"]
+
+
+def measure_each(fns, *, warmup=1, min_seconds=0.05, min_repeats=5, max_repeats=10_000, device=None, before=None,
+                 across=None, clock=time.perf_counter, load=load_average, cores=None):
+    """Time several functions in turn, round by round, each as :func:`measure` times one. Explained in 11_sequence_context_experts.
+
+    ``fns``: ``{name: fn}``. Each warm-up round and each timed round calls every function once, in order, so that a
+    change in the machine's load falls on all of them alike. Rounds go on until there were ``min_repeats`` of them
+    and together they took ``min_seconds`` (the sum over all functions: a cheap function does not make the costly
+    ones repeat for its sake), or ``max_repeats`` rounds were made. The other options are those of :func:`measure`.
+    Returns ``{name: Timing}`` (all with the same load averages, read before and after the rounds).
+    """
+    if not isinstance(fns, dict) or not fns or not all(callable(f) for f in fns.values()):
+        raise ConfigError(tr(f"measure_each needs a dict of {{name: function}} with at least one entry, not {fns!r}.",
+                             f"measure_each には 1つ以上の {{名前: 関数}} の dict が必要です（{fns!r} ではなく）。"))
     warmup = positive_int(warmup, "warmup", 1, "measure", minimum=0)
     min_repeats = positive_int(min_repeats, "min_repeats", 5, "measure")
     max_repeats = positive_int(max_repeats, "max_repeats", 10_000, "measure", minimum=min_repeats)
@@ -203,24 +221,49 @@ def measure(fn, *, warmup=1, min_seconds=0.05, min_repeats=5, max_repeats=10_000
     cores = positive_int(cores if cores is not None else os.cpu_count() or 1, "cores", 2, "measure")
     start_load = load()
     for _ in range(warmup):
-        if before is not None:
-            before()
-        fn()
+        for fn in fns.values():
+            if before is not None:
+                before()
+            fn()
     _wait(device)
-    times = []
+    times = {name: [] for name in fns}
     while True:
-        if before is not None:
-            before()
-        _wait(device)
-        start = clock()
-        fn()
-        _wait(device)
-        times.append(clock() - start)
-        more = len(times) < max_repeats and (len(times) < min_repeats or sum(times) < min_seconds)
-        if across is not None and len(times) < max_repeats:
+        for name, fn in fns.items():
+            if before is not None:
+                before()
+            _wait(device)
+            start = clock()
+            fn()
+            _wait(device)
+            times[name].append(clock() - start)
+        done = len(times[name])
+        more = done < max_repeats and (done < min_repeats or sum(map(sum, times.values())) < min_seconds)
+        if across is not None and done < max_repeats:
             more = across([1.0 if more else 0.0])[0] > 0  # continue while any rank wants more
         if not more:
             break
     if across is not None:
-        times = across(times)
-    return Timing(tuple(times), start_load, load(), cores)
+        times = {name: across(t) for name, t in times.items()}
+    end_load = load()
+    return {name: Timing(tuple(t), start_load, end_load, cores) for name, t in times.items()}
+
+
+def slowest_rank(values, group=None):
+    """The elementwise maximum of ``values`` over the ranks of ``group``: ``across=`` for :func:`measure`. Explained in 09_sharding.
+
+    Every rank of the process group calls it with as many numbers and gets the same list back: for times, each
+    call's time as the slowest rank saw it (a step of synchronous training lasts as long as its slowest rank).
+    The numbers travel as float64 on the device the backend needs (a GPU for nccl, else the CPU).
+    """
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        raise ConfigError(tr("slowest_rank needs a process group: call it inside a worker started by "
+                             "mparlib.launch.launch (or after torch.distributed.init_process_group).",
+                             "slowest_rank にはプロセスグループが必要です。mparlib.launch.launch で起動したワーカーの中"
+                             "（または torch.distributed.init_process_group のあと）で呼んでください。"))
+    on_gpu = dist.get_backend(group) == "nccl"
+    device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
+    t = torch.tensor([float(v) for v in values], dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+    return t.tolist()

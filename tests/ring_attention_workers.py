@@ -8,7 +8,8 @@ import torch
 import torch.distributed as dist
 from torch.nn import functional as F
 
-from mparlib.ring_attention import SavedBytes, ring_attention, shard_sequence, unshard_sequence
+from mparlib.ring_attention import (SavedBytes, measure_balance, measure_overlap, ring_attention, shard_sequence,
+                                    unshard_sequence)
 
 CASES = [(False, "contiguous"), (True, "contiguous"), (True, "balanced"), (False, "balanced")]
 
@@ -80,5 +81,7 @@ def saved_bytes(lengths=(16, 32), batch=2, heads=2, dim=8):
 
 
 def everything():
-    """All the checks of one launch: SDPA parity for every case, context_parallel, saved bytes."""
-    return {"sdpa": ring_vs_sdpa(), "context_parallel": ring_vs_context_parallel(), "saved": saved_bytes()}
+    """All the checks of one launch: SDPA parity for every case, context_parallel, saved bytes, the two timings."""
+    timing = dict(length=16, batch=2, heads=3, dim=8, min_repeats=3, min_seconds=0.0)  # ring_vs_sdpa's shape
+    return {"sdpa": ring_vs_sdpa(), "context_parallel": ring_vs_context_parallel(), "saved": saved_bytes(),
+            "overlap": measure_overlap(**timing), "balance": measure_balance(**timing)}

@@ -401,3 +401,13 @@ def test_throughput_does_not_reseed_the_global_random_state():
         after.append(torch.rand(1).item())
         assert result["images_per_s"] > 0
     assert after[0] != after[1]  # the state still comes from the seed chosen here
+
+
+def test_ddp_throughput_comes_from_the_median_of_the_slowest_ranks_steps():
+    r = launch.launch(throughput.ddp_worker, 2, args=("mlp",), kwargs=dict(per_rank_batch=4, steps=5, warmup=1),
+                      echo=False, timeout=120)
+    t = r["step_s"]
+    assert t["repeats"] >= 5 and t["total"] >= 0.05  # measure's minimums: 5 steps and 50 ms
+    assert r["images_per_s"] == pytest.approx(8 / t["median"])  # 2 ranks x 4 images per step
+    low, high = r["images_per_s_min_max"]
+    assert low == pytest.approx(8 / t["max"]) and high == pytest.approx(8 / t["min"]) and low <= r["images_per_s"] <= high

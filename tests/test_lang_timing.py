@@ -230,3 +230,57 @@ def test_report_speaks_the_editions_language(monkeypatch):
     assert len(values) == 1, text  # every value starts in the same column
     monkeypatch.setenv("MPARLIB_LANG", "en")
     assert "CPU threads" in mparlib.report()
+
+
+def test_measure_each_interleaves_rounds_until_both_minimums_are_reached():
+    from mparlib.timing import measure_each
+
+    clock, order = FakeClock(), []
+
+    def timed(name, seconds):
+        def fn():
+            order.append(name)
+            clock.now += seconds
+        return fn
+
+    # durations that binary floating point holds exactly, so that the fake clock adds up without rounding
+    got = measure_each({"fast": timed("fast", 2**-10), "slow": timed("slow", 0.25)}, warmup=1, min_seconds=0.05,
+                       min_repeats=5, clock=clock, load=lambda: 0.0, cores=1)
+    assert order[:4] == ["fast", "slow", "fast", "slow"]  # warm-up round, then the timed rounds, in turn
+    assert len(got["fast"].times) == len(got["slow"].times) == 5 and len(order) == 2 * 6  # the count decides
+    assert got["fast"].median == 2**-10 and got["slow"].median == 0.25
+    clock, order = FakeClock(), []
+    # 3 x 2^-10 s a round: 50 ms in all need 18 rounds (17 give 49.8 ms)
+    got = measure_each({"fast": timed("fast", 2**-10), "double": timed("double", 2**-9)}, warmup=0,
+                       min_seconds=0.05, min_repeats=5, clock=clock, load=lambda: 0.0, cores=1)
+    assert len(got["fast"].times) == len(got["double"].times) == 18 and len(order) == 2 * 18
+    with pytest.raises(ConfigError, match="measure_each needs a dict"):
+        measure_each({})
+    with pytest.raises(ConfigError, match="measure_each needs a dict"):
+        measure_each([lambda: None])
+
+
+def test_slowest_rank_is_the_elementwise_maximum_over_real_ranks():
+    from mparlib.launch import launch
+    from mparlib.timing import slowest_rank
+    from timing_workers import slowest_of
+
+    rows = [[0.5, 3.0, -1.0], [2.0, 1.0, -2.0], [0.25, 0.0, 7.0]]
+    got = launch(slowest_of, 3, args=(rows,), echo=False, timeout=60)
+    expected = [max(column) for column in zip(*rows)]
+    assert got == [expected] * 3
+    with pytest.raises(ConfigError, match="slowest_rank needs a process group"):
+        slowest_rank([1.0])
+
+
+def test_measure_with_slowest_rank_gives_every_rank_the_slowest_time_of_each_call():
+    from mparlib.launch import launch
+    from timing_workers import timed_sleeps
+
+    got = launch(timed_sleeps, 2, args=([0.001, 0.003], 0.02), echo=False, timeout=60)
+    (times0, local0), (times1, local1) = got
+    assert times0 == times1  # the same list on both ranks
+    assert len(local0) == len(local1) == len(times0) >= 3  # both stopped after the same call
+    assert times0 == pytest.approx([max(a, b) for a, b in zip(local0, local1)], rel=1e-12)
+    assert sum(local0) >= 0.02 and sum(local1) >= 0.02  # each rank had its own minimum duration
+    assert min(times0) >= 0.003  # rank 1 slept 3 ms in every call

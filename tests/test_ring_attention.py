@@ -137,6 +137,26 @@ def test_saved_bytes_per_rank_shrink_by_the_number_of_ranks(ring_report):
             assert block * world ** 2 == one[length][1], (world, length)
 
 
+def test_measure_overlap_times_every_part_on_every_rank(ring_report):
+    world, report = ring_report
+    overlap = report["overlap"]
+    assert overlap["ranks"] == world and overlap["seq_len"] == 16 and overlap["repeats"] >= 3
+    assert overlap["bytes_per_step"] == 2 * 2 * 3 * (16 // world) * 8 * 4  # k and v: B x H x T/N x d float32
+    for name in ("compute", "communication", "ring"):
+        median, low, high = overlap["ms_per_step"][name]
+        assert 0 < low <= median <= high, (name, overlap["ms_per_step"][name])
+    assert 0 <= overlap["hidden"] <= 1 and set(overlap["load"]) == {"before", "after", "busy"}
+
+
+def test_measure_balance_counts_what_the_ring_computes(ring_report):
+    world, report = ring_report
+    for split in ("contiguous", "balanced"):
+        ring = [s["score_elements"] for s in report["sdpa"][(True, split)]["stats"]]  # the ring's own count
+        ranks = report["balance"][split]
+        assert [r["score_elements"] for r in ranks] == ring, (world, split)
+        assert all(r["ms_min_max"][0] <= r["ms"] <= r["ms_min_max"][1] for r in ranks)
+
+
 def test_vit_attend_hook_and_tokens_keep_the_model_unchanged():
     from mparlib.vit import vit
 

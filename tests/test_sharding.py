@@ -277,3 +277,21 @@ def test_a_folder_that_is_not_a_checkpoint_is_refused(tmp_path):
     (tmp_path / "step-00000001").mkdir()
     with pytest.raises(CheckpointError, match="not a complete checkpoint"):
         load_sharded({}, tmp_path / "step-00000001")
+
+
+def test_fsdp_memory_worker_times_steps_after_counting_the_bytes():
+    from mparlib.vit import vit
+
+    got = launch(sharding.fsdp_memory_worker, 2, kwargs=dict(size="smoke", batch=2, steps=1, min_repeats=3,
+                                                             min_seconds=0.0), echo=False, timeout=300)
+    t = got["step_s"]
+    assert t["repeats"] == len(t["times"]) >= 3 and t["min"] <= t["q1"] <= t["median"] <= t["q3"] <= t["max"]
+    assert sorted(t["times"])[0] == t["min"] and sum(t["times"]) == pytest.approx(t["total"])
+    torch.manual_seed(0)  # the reference: the same ViT in one process after one Adam step
+    net = vit("smoke")
+    optimizer = torch.optim.Adam(net.parameters(), lr=1e-3)
+    nn.functional.cross_entropy(net(torch.randn(2, 1, 28, 28)), torch.randint(0, 10, (2,))).backward()
+    optimizer.step()
+    single = sharding.held_bytes(net, optimizer)
+    for part in ("params", "grads", "optimizer"):  # the timed steps came after the count: half per rank (+ padding)
+        assert single[part] / 2 <= got["bytes_per_rank"][part] <= 1.15 * single[part] / 2, part

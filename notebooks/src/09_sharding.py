@@ -42,9 +42,7 @@
 # - ここで測った数値をもとに、DDP、ZeRO-1/2/3、FSDP のどれを使うべきかを判断します。
 
 # %% tags=["nbval-ignore-output"]
-import statistics
 import tempfile
-import time
 from pathlib import Path
 
 import torch
@@ -61,6 +59,7 @@ from mparlib.devices import pad
 from mparlib.errors import CheckpointError, WorkerFailed
 from mparlib.runfolder import LOCK_NAME
 from mparlib.sharded_checkpoint import CHECKSUMS, latest_checkpoint, load_sharded
+from mparlib.timing import measure_each
 from mparlib.lang import tr
 from mparlib.launch import launch
 from mparlib.rendezvous import describe
@@ -289,7 +288,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from mparlib import sharding
 from mparlib.rendezvous import device
-from mparlib.timing import synchronize
+from mparlib.timing import measure, slowest_rank
 from mparlib.vit import vit
 
 # torch 2.13 renamed the tensor forms of reduce_scatter and all_gather; earlier releases know only the old names
@@ -339,18 +338,29 @@ def sharded_step(params, flat, shard, optimizer):
 
 
 def _run(model, batches, step, zero_grad):
-    """Train on every batch; the collectives of the last step and the seconds of each step."""
-    times = []
+    """Train on every batch; the collectives of the last step."""
     for X, y in batches:
         zero_grad()
-        synchronize(device())
-        start = time.perf_counter()
         with sharding.CollectiveLog() as log:
             nn.functional.cross_entropy(model(share(X)), share(y)).backward()
             step()
-        synchronize(device())
-        times.append(time.perf_counter() - start)
-    return log.summary(), times
+    return log.summary()
+
+
+def step_timing(model, batch, step, zero_grad):
+    """More steps on one batch, timed as chapter 8 times a collective: the slowest rank's seconds per step."""
+    X, y = share(batch[0]), share(batch[1])
+
+    def train_step():
+        nn.functional.cross_entropy(model(X), y).backward()
+        step()
+
+    def before():  # untimed: drop the gradients, then start together
+        zero_grad()
+        dist.barrier()
+
+    # the training steps just run were the warm-up; then >= 5 steps and >= 50 ms
+    return measure(train_step, warmup=0, before=before, across=slowest_rank, device=device()).summary()
 
 
 def compare(batches, lr):
@@ -358,17 +368,18 @@ def compare(batches, lr):
     torch.backends.cudnn.allow_tf32 = False  # float32 convolutions on GPUs, as on the CPU
     dev, out = device(), {}
 
-    def record(name, model, held, log, times):
+    def record(name, model, held, log, timed):
         everyone = [None] * dist.get_world_size()
         dist.all_gather_object(everyone, held)  # rank 0 returns what every rank holds
         out[name] = {"params": {k: v.detach().cpu().clone() for k, v in model.state_dict().items()},
-                     "held": everyone, "collectives": log, "seconds": times}
+                     "held": everyone, "collectives": log}
+        out[name]["seconds"] = step_timing(*timed)  # after the copy: the timed steps train the model further
 
     # DDP: every rank holds everything; the gradients are all-reduced (in buckets) during the backward pass
     model = make_model().to(dev)
     ddp, opt = DDP(model), torch.optim.Adam(model.parameters(), lr=lr)
-    log, times = _run(ddp, batches, opt.step, opt.zero_grad)
-    record("DDP", model, sharding.held_bytes(model, opt), log, times)
+    log = _run(ddp, batches, opt.step, opt.zero_grad)
+    record("DDP", model, sharding.held_bytes(model, opt), log, (ddp, batches[-1], opt.step, opt.zero_grad))
 
     # The sharded step above, with Adam on this rank's slice only
     model = make_model().to(dev)
@@ -377,30 +388,37 @@ def compare(batches, lr):
     S = len(flat) // dist.get_world_size()
     shard = nn.Parameter(flat[dist.get_rank() * S:(dist.get_rank() + 1) * S])  # (S,): a view of the buffer
     opt = torch.optim.Adam([shard], lr=lr)
-    log, times = _run(model, batches, lambda: sharded_step(params, flat, shard, opt), lambda: None)
+
+    def step():
+        sharded_step(params, flat, shard, opt)
+
+    log = _run(model, batches, step, lambda: None)
     held = {"params": sharding.tensor_bytes(params), "grads": sharding.tensor_bytes([shard.grad]),
             "optimizer": sharding.tensor_bytes(opt.state[shard].values())}
-    record("sharded_step", model, held, log, times)
+    record("sharded_step", model, held, log, (model, batches[-1], step, lambda: None))
 
     # The same algorithm, packaged as mparlib.sharding.ShardedOptimizer
     model = make_model().to(dev)
     opt = sharding.ShardedOptimizer(model.parameters(), torch.optim.Adam, lr=lr)
-    log, times = _run(model, batches, opt.step, opt.zero_grad)
-    record("ShardedOptimizer", model, sharding.held_bytes(model, opt), log, times)
+    log = _run(model, batches, opt.step, opt.zero_grad)
+    record("ShardedOptimizer", model, sharding.held_bytes(model, opt), log,
+           (model, batches[-1], opt.step, opt.zero_grad))
 
     # ZeRO-1 as PyTorch ships it: DDP all-reduces the gradients, each rank updates the parameters it owns and
     # broadcasts them to the others
     model = make_model().to(dev)
     ddp = DDP(model)
     opt = ZeroRedundancyOptimizer(ddp.parameters(), optimizer_class=torch.optim.Adam, lr=lr)
-    log, times = _run(ddp, batches, opt.step, opt.zero_grad)
-    record("ZeroRedundancyOptimizer", model, sharding.held_bytes(model, opt), log, times)
+    log = _run(ddp, batches, opt.step, opt.zero_grad)
+    record("ZeroRedundancyOptimizer", model, sharding.held_bytes(model, opt), log,
+           (ddp, batches[-1], opt.step, opt.zero_grad))
 
     # ZeRO-2: the gradients are reduce-scattered bucket by bucket during the backward pass, then freed
     model = make_model().to(dev)
     opt = sharding.Zero2Optimizer(model.parameters(), torch.optim.Adam, bucket_bytes=2**16, lr=lr)
-    log, times = _run(model, batches, opt.step, opt.zero_grad)
-    record("Zero2Optimizer", model, sharding.held_bytes(model, opt), log, times)
+    log = _run(model, batches, opt.step, opt.zero_grad)
+    record("Zero2Optimizer", model, sharding.held_bytes(model, opt), log,
+           (model, batches[-1], opt.step, opt.zero_grad))
     out["Zero2Optimizer"]["buckets"] = len(opt.buckets)
     return out
 
@@ -512,17 +530,27 @@ for held in zero["Zero2Optimizer"]["held"]:  # half the gradients (+ padding) an
 # shards the optimizer state, but by whole parameter tensors, assigned greedily to balance the ranks (hence the
 # uneven split), and it keeps DDP's full gradients. The collectives of one step, recorded by
 # `sharding.CollectiveLog` (it watches the `c10d` operators that every `torch.distributed` collective reaches
-# PyTorch's dispatcher through), and the step times:
+# PyTorch's dispatcher through), and the step times. These are measured after the five steps, which serve as the
+# warm-up, as chapter 8 times a collective: `mparlib.timing.measure` runs more steps on the last batch, a barrier
+# before each, until there are at least 5 and 50 ms of them, and `slowest_rank` makes each step's time the slowest
+# rank's (every rank then stops after the same step):
 # <!-- ja -->
-# ステップのあと、シャーディングしたステップが持つ勾配と Adam の状態は半分です。ランク 2個なら DDP の 62% で、ランク N 個なら 1/4 + 3/4 × 1/N です（パラメータは丸ごと残ります）。これはステップのあとに持っている量です。ステップの途中では、上で述べたとおり完全な勾配を 2組持っていました。3節で測るピークにそれが表れます。`Zero2Optimizer` がステップのあとに持つのも、同じく勾配と Adam の状態の半分と、勾配バッファ 1つ（64 KiB。次の逆伝播のために残します）です。ステップの途中でも、勾配はこれに autograd が作ったばかりのパラメータ 1つ分の勾配を加えた量を超えません。PyTorch の `ZeroRedundancyOptimizer` は ZeRO-1 です。オプティマイザの状態をシャーディングしますが、パラメータのテンソル単位で、ランクの負担がそろうように貪欲に割り当てます（分け方が均等でないのはそのためです）。勾配は DDP と同じく全体を持ちます。1ステップの集合通信を `sharding.CollectiveLog` で記録したもの（`torch.distributed` の集合通信はどれも、PyTorch のディスパッチャを `c10d` の演算子として通ります。これを見張っています）と、ステップの時間を示します。
+# ステップのあと、シャーディングしたステップが持つ勾配と Adam の状態は半分です。ランク 2個なら DDP の 62% で、ランク N 個なら 1/4 + 3/4 × 1/N です（パラメータは丸ごと残ります）。これはステップのあとに持っている量です。ステップの途中では、上で述べたとおり完全な勾配を 2組持っていました。3節で測るピークにそれが表れます。`Zero2Optimizer` がステップのあとに持つのも、同じく勾配と Adam の状態の半分と、勾配バッファ 1つ（64 KiB。次の逆伝播のために残します）です。ステップの途中でも、勾配はこれに autograd が作ったばかりのパラメータ 1つ分の勾配を加えた量を超えません。PyTorch の `ZeroRedundancyOptimizer` は ZeRO-1 です。オプティマイザの状態をシャーディングしますが、パラメータのテンソル単位で、ランクの負担がそろうように貪欲に割り当てます（分け方が均等でないのはそのためです）。勾配は DDP と同じく全体を持ちます。1ステップの集合通信を `sharding.CollectiveLog` で記録したもの（`torch.distributed` の集合通信はどれも、PyTorch のディスパッチャを `c10d` の演算子として通ります。これを見張っています）と、ステップの時間を示します。時間は 5ステップのあとに、8章で集合通信を測ったのと同じ方法で測ります。5ステップがウォームアップの役をします。`mparlib.timing.measure` が最後のバッチでさらにステップを進め、各ステップの前にバリアで待ち合わせ、5ステップ以上、合計 50 ms 以上になるまで続けます。`slowest_rank` は各ステップの時間をいちばん遅いランクの時間にします（そのため、すべてのランクが同じステップで計測を終えます）。
 
 # %% tags=["nbval-ignore-output"]
 print(col(tr("method", "方式"), 25)
       + col(tr("collectives of one step (calls x, bytes)", "1ステップの集合通信（回数、バイト数）"), 64)
-      + col(tr("ms per step", "ステップあたり ms"), 18, True))
+      + col(tr("ms per step", "ステップあたり ms"), 18, True) + col(tr("min-max ms", "最小-最大 ms"), 14, True))
 for name, r in zero.items():
     calls = tr(", ", "、").join(f"{KINDS[kind]} {c['calls']}x {c['bytes']:,}" for kind, c in r["collectives"].items())
-    print(f"{name:<25}" + col(calls, 64) + f"{1000 * statistics.median(r['seconds'][1:]):>18.1f}")
+    t = r["seconds"]
+    print(f"{name:<25}" + col(calls, 64) + f"{1000 * t['median']:>18.1f}"
+          + col(f"{1000 * t['min']:.1f}-{1000 * t['max']:.1f}", 14, True))
+busy = any(r["seconds"]["busy"] for r in zero.values())
+print(tr(f"each time: the median of {min(r['seconds']['repeats'] for r in zero.values())} or more steps, the slowest "
+         "rank's; the machine was " + ("busy (load above 0.3 per core)" if busy else "not busy"),
+         f"時間はどれも、いちばん遅いランクの {min(r['seconds']['repeats'] for r in zero.values())}ステップ以上の中央値です。"
+         "マシンは" + ("混んでいました（コアあたりのロードアベレージ 0.3 超）" if busy else "空いていました")))
 
 # %%
 for name in ("sharded_step", "ShardedOptimizer"):
@@ -1238,7 +1266,9 @@ assert sum(curve[-20:]) / 20 < 0.6 * sum(curve[:20]) / 20
 # `pack` on every tensor that is saved for the backward pass; the cell below adds up their storage (the
 # parameters, which exist anyway, are left out) for one forward pass of 64 images, with and without
 # checkpointing, in this process on the CPU (the bytes depend on the attention kernel, so they are measured in one
-# place), and times a training step of each.
+# place), and times a training step of each with `measure_each`, chapter 8's rules for two functions at once: a
+# warm-up step of each, then steps of the two in turn, at least 5 of each and 50 ms in all, so that a change in
+# the machine's load falls on both alike.
 # <!-- ja -->
 # ## 活性化のメモリ
 #
@@ -1246,7 +1276,7 @@ assert sum(curve[-20:]) / 20 < 0.6 * sum(curve[:20]) / 20
 #
 # **活性化の再計算**（activation checkpointing）は、各ブロックの入力だけを残し、逆伝播の途中でそのブロックの順伝播をもう一度計算します。すべてのブロックの活性化ではなく一度に 1ブロック分で済む代わりに、ブロックごとに順伝播が 1回増えます（計算量はおよそ 3分の 1 増えます）。`torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)` がこれを行います。ワーカーのセルの `Checkpointed` はこれをブロックに適用するラッパーです。FSDP と組み合わせるときは、上の実行と同じように、先にブロックをラップしてからシャーディングします。
 #
-# 効果を見るため、autograd が保持するものを数えます。`torch.autograd.graph.saved_tensors_hooks(pack, unpack)` は、逆伝播のために保存されるすべてのテンソルについて `pack` を呼び出します。次のセルでは、画像 64枚の順伝播 1回について、その裏にあるストレージのバイト数を合計します（どのみち存在するパラメータは除きます）。再計算ありとなしの両方を、このプロセスの CPU で測ります（バイト数はアテンションのカーネルによって変わるので、1か所で測ります）。それぞれの訓練ステップの時間も測ります。
+# 効果を見るため、autograd が保持するものを数えます。`torch.autograd.graph.saved_tensors_hooks(pack, unpack)` は、逆伝播のために保存されるすべてのテンソルについて `pack` を呼び出します。次のセルでは、画像 64枚の順伝播 1回について、その裏にあるストレージのバイト数を合計します（どのみち存在するパラメータは除きます）。再計算ありとなしの両方を、このプロセスの CPU で測ります（バイト数はアテンションのカーネルによって変わるので、1か所で測ります）。それぞれの訓練ステップの時間も `measure_each` で測ります。8章の規則を 2つの関数に同時に使うもので、それぞれウォームアップを 1ステップ行ったあと、2つを交互に、それぞれ 5ステップ以上、全体で 50 ms 以上になるまで測ります。マシンの負荷の変化は 2つに同じように効きます。
 
 # %% tags=["nbval-ignore-output"]
 def saved_activation_bytes(model, X, y):
@@ -1266,16 +1296,16 @@ def saved_activation_bytes(model, X, y):
     return sum(kept.values())
 
 
-def step_seconds(model, X, y, repeats=5):
+def training_step(model, X, y):
+    """One Adam step on (X, y), as a function of no arguments, for mparlib.timing."""
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
+
+    def step():
         nn.functional.cross_entropy(model(X), y).backward()
         optimizer.step()
         optimizer.zero_grad()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+
+    return step
 
 
 X64, y64 = X_all[:64], y_all[:64]
@@ -1284,12 +1314,19 @@ checkpointed = make_model()
 checkpointed.blocks = nn.ModuleList(Checkpointed(b) for b in checkpointed.blocks)
 models = {"plain": plain, "checkpointed": checkpointed}
 activation = {name: saved_activation_bytes(m, X64, y64) for name, m in models.items()}
-seconds = {name: step_seconds(m, X64, y64) for name, m in models.items()}
+seconds = measure_each({name: training_step(m, X64, y64) for name, m in models.items()})  # in turn, round by round
 block_input = 64 * 16 * 64 * 4  # one block's input: (B, T, dim) = (64, 16, 64) in float32
-print(" " * 26 + col(tr("saved for backward", "逆伝播のための保存"), 20, True) + col(tr("ms per step", "ステップあたり ms"), 18, True))
+print(" " * 26 + col(tr("saved for backward", "逆伝播のための保存"), 20, True)
+      + col(tr("ms per step", "ステップあたり ms"), 18, True) + col(tr("min-max ms", "最小-最大 ms"), 14, True))
 labels = {"plain": tr("without checkpointing", "再計算なし"), "checkpointed": tr("with checkpointing", "再計算あり")}
 for name, label in labels.items():
-    print(col(label, 26) + f"{activation[name]:>20,}{1000 * seconds[name]:>18.1f}")
+    t = seconds[name]
+    print(col(label, 26) + f"{activation[name]:>20,}{1000 * t.median:>18.1f}"
+          + col(f"{1000 * min(t.times):.1f}-{1000 * max(t.times):.1f}", 14, True))
+print(tr(f"{len(seconds['plain'].times)} steps each after a warm-up step; the machine was "
+         + ("busy (load above 0.3 per core)" if seconds["plain"].busy else "not busy"),
+         f"ウォームアップのステップのあと、それぞれ {len(seconds['plain'].times)}ステップ。マシンは"
+         + ("混んでいました（コアあたりのロードアベレージ 0.3 超）" if seconds["plain"].busy else "空いていました")))
 print(tr(f"saved with checkpointing: {activation['checkpointed'] / activation['plain']:.0%}; "
          f"the 4 block inputs alone are {4 * block_input:,} bytes",
          f"再計算ありで保存される量: {activation['checkpointed'] / activation['plain']:.0%}。4つのブロックの入力だけで "

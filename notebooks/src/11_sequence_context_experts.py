@@ -576,7 +576,7 @@ def context_parallel_report(lengths, timing, overlap=True):
 from cp_workers import context_parallel_report
 
 LENGTHS = (16, 196, 784)  # tokens of 7x7, 2x2 and 1x1 patches; 49 (4x4 patches) does not split into 2 or 4 slices
-TIMING = dict(length=784, batch=8, heads=4, dim=16, repeats=5 if PROFILE == "smoke" else 20)
+TIMING = dict(length=784, batch=8, heads=4, dim=16, min_repeats=5 if PROFILE == "smoke" else 20)
 cp_reports = {n: launch(context_parallel_report, n, args=(LENGTHS, TIMING), kwargs={"overlap": n == 2}, timeout=300)
               for n in (2, 4)}
 print(tr("cases checked:", "検査した場合:"), list(cp_reports[2]["diffs"]))
@@ -664,24 +664,31 @@ print(tr(f"at T={longest}: activation bytes per rank / (one process / N) = "
 # ## Time per ring step and overlap
 #
 # Does the sending hide behind the computing? `measure_overlap` times the forward pass at `T = 784` three ways, each
-# the median over several runs of the slowest rank, divided by the `N` steps of the ring: the blocks' compute and
-# merges alone, the key/value moves alone, and the ring itself. If the messages were perfectly hidden, the ring would
-# take as long as the compute alone; `hidden` is the share of the communication time that the ring did not add
-# (`1 - max(0, ring - compute) / communication`, between 0 and 1). The three are measured in turn, round by round, so
-# that a change in the machine's load falls on all of them alike.
+# the median of the slowest rank's times, divided by the `N` steps of the ring: the blocks' compute and merges
+# alone, the key/value moves alone, and the ring itself. If the messages were perfectly hidden, the ring would take
+# as long as the compute alone; `hidden` is the share of the communication time that the ring did not add
+# (`1 - max(0, ring - compute) / communication`, between 0 and 1). The timing follows chapter 8's rules with
+# `mparlib.timing.measure_each`, which times several functions in turn, round by round, so that a change in the
+# machine's load falls on all of them alike: a warm-up round, then at least 5 rounds and 50 ms of them in all, a
+# barrier before each call and the slowest rank's time for each.
 # <!-- ja -->
 # 保存されるテンソルはちょうど `N` 分の 1 に、スコアのブロックは `N^2` 分の 1 になります。そのため、スコアのブロックが大半を占める長い系列では、ランクあたりの活性化のバイト数は `1/N` より**速く**減ります（融合カーネルの得意なことでリングが勝つわけではありません。GPU の FlashAttention のように各ランクの中でもタイルに分けるカーネルを使えば、スコアのブロックはさらに小さくなります。2つの考え方は組み合わせられます。デバイスの間ではリングアテンション、各デバイスの中ではタイルです）。
 #
 # ## リングの 1ステップの時間と重なり
 #
-# 送信は計算の陰に隠れるのでしょうか。`measure_overlap` は `T = 784` の順伝播の時間を 3通りに測ります。どれも、いちばん遅いランクの時間を何回か測った中央値を、リングの `N` ステップで割ったものです。ブロックの計算と合わせ込みだけ、キーとバリューの移動だけ、そしてリングそのものです。メッセージが完全に隠れるなら、リングの時間は計算だけの時間と同じになります。`hidden` は、通信の時間のうちリングが上乗せしなかった割合です（`1 - max(0, ring - compute) / communication`。0 から 1 の間の値です）。マシンの負荷の変化が 3つに同じように効くように、3つを 1回ずつ順番に測ることを繰り返します。
+# 送信は計算の陰に隠れるのでしょうか。`measure_overlap` は `T = 784` の順伝播の時間を 3通りに測ります。どれも、いちばん遅いランクの時間の中央値を、リングの `N` ステップで割ったものです。ブロックの計算と合わせ込みだけ、キーとバリューの移動だけ、そしてリングそのものです。メッセージが完全に隠れるなら、リングの時間は計算だけの時間と同じになります。`hidden` は、通信の時間のうちリングが上乗せしなかった割合です（`1 - max(0, ring - compute) / communication`。0 から 1 の間の値です）。計測は 8章と同じ規則に従い、`mparlib.timing.measure_each` を使います。これは複数の関数を 1回ずつ順番に測ることを繰り返すので、マシンの負荷の変化が 3つに同じように効きます。ウォームアップを 1巡したあと、5巡以上、全体で 50 ms 以上になるまで巡回し、各呼び出しの前にバリアで待ち合わせ、いちばん遅いランクの時間をとります。
 
 # %% tags=["nbval-ignore-output"]
 overlap = cp_reports[2]["overlap"]
 for name, label in (("compute", tr("compute alone", "計算だけ")), ("communication", tr("send/recv alone", "送受信だけ")),
                     ("ring", tr("ring (both)", "リング（両方）"))):
     median, low, high = overlap["ms_per_step"][name]
-    print(f"{label:<20} {median:8.2f} ms " + tr("per step", "/ステップ") + f"  ({low:.2f} - {high:.2f})")
+    print(col(label, 20) + f" {median:8.2f} ms " + tr("per step", "/ステップ") + f"  ({low:.2f} - {high:.2f})")
+load, busy = overlap["load"], overlap["load"]["busy"]
+print(tr(f"{overlap['repeats']} rounds; load average (1 min) {load['before']:.2f} before, {load['after']:.2f} after: "
+         + ("busy (above 0.3 per core)" if busy else "not busy"),
+         f"{overlap['repeats']}巡。ロードアベレージ（1分）: 計測前 {load['before']:.2f}、計測後 {load['after']:.2f}。"
+         + ("混んでいます（コアあたり 0.3 超）" if busy else "空いています")))
 print(tr(f"block of keys and values per step: {overlap['bytes_per_step'] / 2**20:.2f} MiB; the ring adds "
          f"{overlap['exposed_ms']:.2f} ms per step to the compute; hidden share of the communication: "
          f"{overlap['hidden']:.0%}",
@@ -691,7 +698,8 @@ print(tr(f"block of keys and values per step: {overlap['bytes_per_step'] / 2**20
 # %%
 assert overlap["ranks"] == 2 and overlap["seq_len"] == 784
 assert overlap["bytes_per_step"] == 2 * 8 * 4 * 392 * 16 * 4  # k and v: B x H x T/N x d float32 numbers each
-assert all(t[0] > 0 for t in overlap["ms_per_step"].values()) and 0 <= overlap["hidden"] <= 1
+assert all(low <= median <= high and median > 0 for median, low, high in overlap["ms_per_step"].values())
+assert overlap["repeats"] >= TIMING["min_repeats"] and 0 <= overlap["hidden"] <= 1
 
 # %% [markdown]
 # <!-- en -->
@@ -706,22 +714,24 @@ assert all(t[0] > 0 for t in overlap["ms_per_step"].values()) and 0 <= overlap["
 # ## The causal balance, measured
 #
 # `measure_balance` runs, on each rank, only the blocks that the causal mask leaves for it, without messages, and
-# times them; it also counts the score elements the rank computes, a proxy for its work that does not depend on
-# the machine.
+# times them with `measure` (the median per rank, and in brackets the fastest and slowest call); it also counts the
+# score elements the rank computes, a proxy for its work that does not depend on the machine.
 # <!-- ja -->
 # 1台のマシンの 2個のプロセスでは、ブロックはループバックを通ってメモリの中を運ばれます。1.5 MiB のブロックを送る時間は、そのアテンションの計算時間のごく一部なので、隠すものがほとんどありません。少ないコアを複数のプロセスで分け合うと、時間はばらつきます（括弧の中の幅を見てください）。リングの時間が、別々に測った計算と通信の時間の和より長くなることさえあります。そのときは gloo の送信スレッドが計算のスレッドと同じコアを取り合っています。GPU では役割が入れ替わります。ブロックの計算は速く、リンクが律速になるので、2つを重ねることがリングアテンションの効率を保つ鍵になります。条件は、ブロックの計算（約 `4 B H (T/N)^2 d` 回の浮動小数点演算）が、その `2 B H (T/N) d` 個の数を送る時間より長いことです。この比は `T / N` とともに大きくなります。スライスが長いほど、リングは隠しやすくなります。
 #
 # ## 因果的な負荷の釣り合いの測定
 #
-# `measure_balance` は、因果マスクが各ランクに残すブロックだけを、通信なしで計算して時間を測ります。あわせて、ランクが計算するスコアの要素の数も数えます。これはマシンによらない仕事量の目安です。
+# `measure_balance` は、因果マスクが各ランクに残すブロックだけを、通信なしで計算して `measure` で時間を測ります（ランクごとの中央値と、括弧の中に最も速い呼び出しと最も遅い呼び出しの時間を示します）。あわせて、ランクが計算するスコアの要素の数も数えます。これはマシンによらない仕事量の目安です。
 
 # %% tags=["nbval-ignore-output"]
 for n, report in cp_reports.items():
     for split, ranks in report["balance"].items():
         ms = [r["ms"] for r in ranks]
         mean = sum(ms) / len(ms)
-        print(f"n={n} {split:<10} " + tr("ms per rank", "ランクごとの ms") + " " + " ".join(f"{t:7.1f}" for t in ms)
-              + tr(f"   slowest / mean {max(ms) / mean:.2f}", f"   最も遅いランク / 平均 {max(ms) / mean:.2f}"))
+        spread = " ".join(f"{r['ms']:6.1f} ({r['ms_min_max'][0]:.1f}-{r['ms_min_max'][1]:.1f})" for r in ranks)
+        busy = tr(", busy", "、混んだマシン") if any(r["busy"] for r in ranks) else ""
+        print(f"n={n} {split:<10} " + tr("ms per rank", "ランクごとの ms") + " " + spread
+              + tr(f"   slowest / mean {max(ms) / mean:.2f}", f"   最も遅いランク / 平均 {max(ms) / mean:.2f}") + busy)
 
 # %%
 for n, report in cp_reports.items():
