@@ -190,9 +190,10 @@ def expected_collectives(module):
 class SavedBytes:
     """Bytes of the activations autograd saves for the backward pass while active. Explained in 11_sequence_context_experts.
 
-    ``with SavedBytes(model) as saved: loss = model(x)...`` then ``saved.bytes``. A tensor saved twice (the same
-    storage, offset and shape) is counted once; tensors that share storage with a parameter of ``module`` (a weight,
-    or its transpose, saved to compute the input's gradient) are not activations and are skipped.
+    ``with SavedBytes(model) as saved: loss = model(x)...`` then ``saved.bytes``. Each storage is counted once,
+    whole: a tensor saved twice, or a view of one already saved (the attention's output and the output projection's
+    input, its reshape), keeps no more memory alive. Tensors that share storage with a parameter of ``module`` (a
+    weight, or its transpose, saved to compute the input's gradient) are not activations and are skipped.
     """
 
     def __init__(self, module=None):
@@ -209,11 +210,11 @@ class SavedBytes:
 
     def _pack(self, t):
         local = self._local(t)
-        ptr = local.untyped_storage().data_ptr()
-        key = (ptr, local.storage_offset(), tuple(local.shape), local.dtype)
-        if ptr not in self._params and key not in self._seen:
-            self._seen.add(key)
-            self.bytes += local.numel() * local.element_size()
+        storage = local.untyped_storage()
+        ptr = storage.data_ptr()
+        if ptr not in self._params and ptr not in self._seen:  # a view of a storage already kept costs nothing more
+            self._seen.add(ptr)
+            self.bytes += storage.nbytes()
         return t
 
     def __enter__(self):

@@ -19,16 +19,16 @@ from sequence_workers import all_checks
 def predicted_saved(world, mode, batch=4, tokens=16, dim=32, hidden=64, heads=4, size=8):
     """Bytes a block saves for backward per rank (the sizes of sequence_workers.saved_bytes), from its shapes.
 
-    Split by heads or hidden features under tensor parallelism: q, k, v, the attention output and its reshaped copy
-    (5 x BTd), GELU's input and fc2's input (2 x BTh), attention's log-sum-exp (B heads T). Whole under tensor
+    Split by heads or hidden features under tensor parallelism: q, k, v and the attention output, which the output
+    projection saves again as a view of the same storage (4 x BTd), GELU's input and fc2's input (2 x BTh), attention's log-sum-exp (B heads T). Whole under tensor
     parallelism: the inputs of the two norms and their outputs (4 x BTd), the norms' means and inverse deviations
     (4 x BT). Sequence parallelism cuts the norms' inputs and statistics by the ranks; their gathered outputs stay
     whole (the column-parallel layers save them).
     """
     btd, bth, bt, bht = (batch * tokens * dim, batch * tokens * hidden, batch * tokens, batch * heads * tokens)
-    split = (5 * btd + 2 * bth + bht) / world
+    split = (4 * btd + 2 * bth + bht) / world
     if mode == "full":
-        return size * (5 * btd + 2 * bth + bht + 4 * btd + 4 * bt)
+        return size * (4 * btd + 2 * bth + bht + 4 * btd + 4 * bt)
     if mode == "tensor":
         return size * (split + 4 * btd + 4 * bt)
     return size * (split + 2 * btd + (2 * btd + 4 * bt) / world)

@@ -298,8 +298,8 @@ print(tr("sequence parallel = unsplit block on 2 and 4 processes, both versions:
 # active (through `torch.autograd.graph.saved_tensors_hooks`), each storage once, and skips the weights. From the
 # shapes (float32, `B = 8`, `T = 16`, `dim = 64`, `hidden = 128`, 4 heads) we can predict every byte:
 #
-# - split by heads or hidden features under both forms: `q`, `k`, `v`, the attention output and its reshaped copy
-#   (5 x `BTd`), the inputs of GELU and of `fc2` (2 x `BTh`), attention's log-sum-exp (`B x heads x T`);
+# - split by heads or hidden features under both forms: `q`, `k`, `v` and the attention output (4 x `BTd`; the
+#   output projection saves its input again, but that input is a view of the attention output's storage), the inputs of GELU and of `fc2` (2 x `BTh`), attention's log-sum-exp (`B x heads x T`);
 # - whole on every rank under tensor parallelism: the inputs of the two norms and their outputs (4 x `BTd`) and the
 #   norms' means and inverse deviations (4 x `BT`);
 # - under sequence parallelism the norms' inputs and statistics shrink by `n`; their outputs, gathered, are what the
@@ -309,7 +309,7 @@ print(tr("sequence parallel = unsplit block on 2 and 4 processes, both versions:
 #
 # ランクは逆伝播のために何を保存しているでしょうか。`SavedBytes` は、有効な間に autograd が保存するテンソルを数えます（`torch.autograd.graph.saved_tensors_hooks` を使います）。同じ記憶領域は 1回だけ数え、重みは数えません。形状（float32、`B = 8`、`T = 16`、`dim = 64`、`hidden = 128`、ヘッド 4つ）から、すべてのバイトを予想できます。
 #
-# - どちらの方式でもヘッドまたは中間の特徴で分かれるもの: `q`、`k`、`v`、アテンションの出力とその形状を変えたコピー（5 x `BTd`）、GELU と `fc2` の入力（2 x `BTh`）、アテンションの log-sum-exp（`B x heads x T`）。
+# - どちらの方式でもヘッドまたは中間の特徴で分かれるもの: `q`、`k`、`v` とアテンションの出力（4 x `BTd`。出力の射影も自分の入力を保存しますが、その入力はアテンションの出力と同じ記憶領域のビューです）、GELU と `fc2` の入力（2 x `BTh`）、アテンションの log-sum-exp（`B x heads x T`）。
 # - テンソル並列ではどのランクでも丸ごと持つもの: 2つの正規化の入力と出力（4 x `BTd`）、正規化の平均と標準偏差の逆数（4 x `BT`）。
 # - シーケンス並列では、正規化の入力と統計量が `n` 分の 1 になります。正規化の出力は集めた後のものを列並列の層が保存するので、丸ごとのままです。
 
@@ -317,7 +317,7 @@ print(tr("sequence parallel = unsplit block on 2 and 4 processes, both versions:
 def predicted_saved(n, form, size=4):
     """Bytes a block saves for backward on one of n ranks (form: unsplit, tensor or sequence)."""
     btd, bth, bt, bht = B * T * DIM, B * T * HIDDEN, B * T, B * HEADS * T
-    split = 5 * btd + 2 * bth + bht
+    split = 4 * btd + 2 * bth + bht
     if form == "unsplit":
         return size * (split + 4 * btd + 4 * bt)
     if form == "tensor":
