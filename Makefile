@@ -65,6 +65,8 @@ bench: $(STAMP)
 	$(PY) benchmarks/collectives.py
 	$(PY) benchmarks/sharding.py
 	$(PY) benchmarks/pipeline.py
+	$(PY) benchmarks/long_context.py
+	$(PY) benchmarks/planner.py
 
 # On a machine with a CUDA GPU: every GPU path once in about 10 minutes (the GPU tests, the benchmarks' GPU modes,
 # the chapters in the full profile), results in gpu-results/; without a GPU it stops at once with exit code 2.

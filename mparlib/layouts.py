@@ -433,7 +433,7 @@ def measured_cluster(inputs, memory_bytes=None):
 def predict(config, layout, global_batch, cluster):
     """The planner's memory per rank and step time for a layout of the ViT ``config``. Explained in 12_planning.
 
-    Returns ``{"memory": {params, grads, optimizer, activations, total} (bytes), "time": {part: seconds, ...,
+    Returns ``{"memory": {params, grads, optimizer, activations, gathered, total} (bytes), "time": {part: seconds, ...,
     "total"}}``, in fp32 with Adam, as :func:`run_layout` trains.
     """
     model = ModelShape.from_vit(vit_of(config).config)
@@ -441,7 +441,7 @@ def predict(config, layout, global_batch, cluster):
     memory = memory_per_rank(model, plan, global_batch, precision="fp32", optimizer="adam")
     time = step_time(model, plan, global_batch, cluster, precision="fp32")
     return {"memory": {"params": memory.parameters, "grads": memory.gradients, "optimizer": memory.optimizer,
-                       "activations": memory.activations, "total": memory.total},
+                       "activations": memory.activations, "gathered": memory.gathered, "total": memory.total},
             "time": {**{k: getattr(time, k) for k in ("compute", "tp", "cp", "pp", "bubble", "dp", "dp_exposed")},
                      "total": time.total}}
 

@@ -111,8 +111,11 @@ def listening_store(host, port, world_size, timeout=120):
         sock.close()
         raise
     fd = sock.detach()  # from here on the store owns the socket and closes it
-    return dist.TCPStore(host, chosen, world_size, is_master=True, wait_for_workers=False,
-                         timeout=timedelta(seconds=timeout), master_listen_fd=fd, use_libuv=True)
+    options = dict(is_master=True, wait_for_workers=False, timeout=timedelta(seconds=timeout), master_listen_fd=fd)
+    try:
+        return dist.TCPStore(host, chosen, world_size, use_libuv=True, **options)
+    except NotImplementedError:  # older torch (2.7, checked): only the legacy backend takes over a listening socket
+        return dist.TCPStore(host, chosen, world_size, use_libuv=False, **options)
 
 
 def interface_of(host):

@@ -48,7 +48,14 @@ def schedule_class(name):
     """
     from torch.distributed import pipelining  # 2 s to import: only when a pipeline runs
 
-    return getattr(pipelining, _SCHEDULES[one_of(name, "schedule", tuple(_SCHEDULES), "schedule_class")][0])
+    class_name = _SCHEDULES[one_of(name, "schedule", tuple(_SCHEDULES), "schedule_class")][0]
+    if not hasattr(pipelining, class_name):
+        raise ConfigError(tr(f"schedule {name!r} ({class_name}) is not in torch {torch.__version__}; it came with a "
+                             "later release (ScheduleDualPipeV with 2.9). Upgrade torch, or use another schedule.",
+                             f"スケジュール {name!r}（{class_name}）は torch {torch.__version__} にありません。"
+                             "後のリリースで加わりました（ScheduleDualPipeV は 2.9）。torch を更新するか、別の"
+                             "スケジュールを使ってください。"))
+    return getattr(pipelining, class_name)
 
 
 def stage_indices(schedule, rank, world, stages_per_rank=None):
@@ -315,7 +322,15 @@ def _order(schedule, world, micro_batches):
             steady = [a for i in range(m - warm) for a in (("B", r, i), ("F", r, warm + i))]
             orders.append([("F", r, i) for i in range(warm)] + steady + [("B", r, i) for i in range(m - warm, m)])
         return orders
-    from torch.distributed.pipelining._schedule_visualizer import get_schedule_ops  # torch's own planner
+    try:
+        from torch.distributed.pipelining._schedule_visualizer import get_schedule_ops  # torch's own planner
+    except ImportError:
+        raise ConfigError(tr(f"simulate_schedule replays torch's own order of passes, which torch "
+                             f"{torch.__version__} does not expose (torch.distributed.pipelining._schedule_visualizer "
+                             "came with 2.8). Upgrade torch to replay a schedule.",
+                             f"simulate_schedule は torch 自身のパスの順序を再現しますが、torch {torch.__version__} は"
+                             "それを公開していません（torch.distributed.pipelining._schedule_visualizer は 2.8 で"
+                             "加わりました）。スケジュールを再現するには torch を更新してください。")) from None
 
     ops = get_schedule_ops(schedule_class(schedule), world, m)
     flat = [[s for a in rank if a is not None for s in (a.sub_actions or (a,))] for rank in ops]

@@ -325,7 +325,7 @@ ANGLE_REPR = re.compile(r"<[^<>\n]*>")
 CALL = re.compile(r"[A-Za-z_][\w.]*\([^()\n]*\)")  # f(a, b=1): code, arguments included
 NAME_COLUMN = re.compile(r"^\s*[a-z_][\w.]*(?= {2,}\S)")
 ENGLISH_WORD = re.compile(r"(?<![\w.\-/])[a-z]{3,}(?![\w.(=\-/])")
-CODE_WORDS = {"cpu", "cuda", "gloo", "nccl", "mps", "nan", "inf", "torch", "mparlib", "python"}
+CODE_WORDS = {"cpu", "cuda", "gloo", "nccl", "mps", "nan", "inf", "torch", "mparlib", "python", "fsdp"}  # fsdp: layout names
 EXCEPTION_LINE = re.compile(r"\b[A-Z]\w*(?:Error|Exception|Interrupt)\b:")
 REPORT_ROW = re.compile(r"^(?:python|torch|CUDA \(build\)|cuDNN|CPU threads|GPUs|cuda:\d+|profile) {2,}\S")
 PRINTS_SOURCE = re.compile(r"\binspect\.getsource\(")

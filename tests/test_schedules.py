@@ -170,3 +170,19 @@ def test_timeline_draws_two_stages_per_rank_in_one_row():
     assert labels.count("0'") == 3 * 2  # F, I and W of micro-batch 0 on the second stage of each rank
     legend = [t.get_text() for t in ax.get_legend().get_texts()]
     assert len(legend) == 4 and "forward" in legend[0]  # F, I, W and the prime
+
+
+def test_a_schedule_this_torch_lacks_is_named_with_the_release(monkeypatch):
+    from torch.distributed import pipelining
+
+    monkeypatch.delattr(pipelining, "ScheduleDualPipeV")  # as on torch 2.7 and 2.8
+    with pytest.raises(ConfigError, match=r"'dualpipev' \(ScheduleDualPipeV\) is not in torch .*2\.9"):
+        pp.schedule_class("dualpipev")
+
+
+def test_simulate_schedule_names_the_release_it_needs(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "torch.distributed.pipelining._schedule_visualizer", None)  # as on torch 2.7
+    with pytest.raises(ConfigError, match=r"came with 2\.8"):
+        pp.simulate_schedule("zbv", 2, 4)

@@ -50,6 +50,14 @@ from mparlib.rendezvous import describe, interface_of, listening_store
 
 # %load_ext mparlib.launch
 
+# This chapter runs pipelining's ScheduleDualPipeV (torch 2.9) and replays schedules with torch's own order of passes
+# (torch 2.8); the other chapters need torch 2.7 (pyproject.toml). Say so now rather than deep inside a worker.
+if tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2]) < (2, 9):
+    raise ConfigError(tr(f"Chapter 12 needs torch 2.9 or newer (this is {torch.__version__}): it runs "
+                         "ScheduleDualPipeV and replays torch's schedules. Upgrade torch; the other chapters need only torch 2.7.",
+                         f"12章には torch 2.9 以降が必要です（この環境は {torch.__version__} です）。ScheduleDualPipeV を"
+                         "実行し、torch のスケジュールを再現するからです。torch を更新してください。他の章に必要なのは "
+                         "torch 2.7 だけです。"))
 mparlib.plot.use_course_style()  # a font with Japanese glyphs for this notebook's figures
 print(mparlib.report())
 print(mparlib.profile_line())
@@ -308,8 +316,9 @@ for p, result in beyond.items():
 # Interleaving and zero bubble both trade a smaller bubble for more, smaller pieces of work; when the cost of a piece
 # is not small beside its work, what they save in idle time they spend again. In this course's runs the cost sits
 # between the passes, not in them: the fixed part `c` of a pass is lost in the noise of a shared machine, while
-# the gap per pass is longer than most passes. The "simulated" column,
-# computation only, stays near the formula; the measured bubble is well above both. In `benchmarks/pipeline.py`'s
+# the gap per pass is as long as a pass or longer (the table above: a layer's forward takes a fraction of a
+# millisecond). The "simulated" column, computation only, stays near the formula; the measured bubble is well above
+# both. In `benchmarks/pipeline.py`'s
 # saved run on 2 cores (`benchmarks/results/pipeline-vm-20261202-053552.json`: 8 layers of width 512, 32 rows per
 # micro-batch, float64), the measured bubbles at `m` = 8 were, on 2 ranks, 1F1B 0.443, interleaved 1F1B 0.551, ZBV
 # 0.529 and DualPipeV 0.450 (formulas 0.111, 0.059 and 0.020), and on 4 ranks 0.668, 0.809, 0.754 and 0.701
@@ -320,7 +329,7 @@ for p, result in beyond.items():
 # a core; how large the gap is on a quiet machine, this run cannot say. The schedules that win on a GPU cluster, where a pass lasts far longer than a message, do not win
 # here. To see the formulas, make each pass long beside the gap: wider layers, more rows per micro-batch.
 # <!-- ja -->
-# どの式も仕事だけを数えています。パスごとに決まった費用がかかるなら、1F1B のランクはそれを 1ステップに `2 m` 回払います（マイクロバッチごとに F と B）。インターリーブ 1F1B は `2 v m` 回で、マイクロバッチがランクを `v` 周するので、メッセージも `v` 倍になります。ZBV は `6 m` 回（2つのステージそれぞれで F、I、W）で、1F1B の 3倍の頻度です。インターリーブもゼロバブルも、バブルを小さくする代わりに、仕事を小さく数多く切ります。1つ 1つの費用が仕事に比べて小さくなければ、遊びの時間で節約した分をまた使ってしまいます。このコースの実行では、その費用はパスの中ではなく、パスとパスの間にありました。パスの決まった部分 `c` は共有のマシンの揺らぎに埋もれてしまい、パスあたりの隙間はたいていのパスより長くなります。計算だけを数えた「模擬」の列は式の近くにあり、測ったバブルはどちらよりもずっと大きくなります。`benchmarks/pipeline.py` を CPU 2コアで実行して保存した結果（`benchmarks/results/pipeline-vm-20261202-053552.json`。幅 512 の層を 8つ、マイクロバッチあたり 32行、float64）では、`m` = 8 のときの測ったバブルは、2ランクで 1F1B 0.443、インターリーブ 1F1B 0.551、ZBV 0.529、DualPipeV 0.450（式では 0.111、0.059、0.020）、4ランクで 0.668、0.809、0.754、0.701（式では 0.273、0.158、0.059）でした。パスの数がいちばん少ない 1F1B のバブルがいちばん小さく、式の大小の順とは逆です。決まった部分 `c` は -1.7〜+0.1 ms で、1層あたり 0.6〜1.9 ms の仕事と比べると 0 と区別できません。一方、パスあたりの隙間は 6〜20 ms でした。このときマシンは混んでいて（CPU 2コアに対して 1分間のロードアベレージが 21〜24。ファイルに記録してあります）、隙間の多くはランクがコアの空くのを待つ時間です。空いたマシンで隙間がどれだけになるかは、この実行からはわかりません。パスがメッセージよりはるかに長い GPU クラスタで勝つスケジュールも、ここでは勝ちません。式どおりの姿を見るには、各パスを隙間に比べて長くします。層を広くし、マイクロバッチの行を増やします。
+# どの式も仕事だけを数えています。パスごとに決まった費用がかかるなら、1F1B のランクはそれを 1ステップに `2 m` 回払います（マイクロバッチごとに F と B）。インターリーブ 1F1B は `2 v m` 回で、マイクロバッチがランクを `v` 周するので、メッセージも `v` 倍になります。ZBV は `6 m` 回（2つのステージそれぞれで F、I、W）で、1F1B の 3倍の頻度です。インターリーブもゼロバブルも、バブルを小さくする代わりに、仕事を小さく数多く切ります。1つ 1つの費用が仕事に比べて小さくなければ、遊びの時間で節約した分をまた使ってしまいます。このコースの実行では、その費用はパスの中ではなく、パスとパスの間にありました。パスの決まった部分 `c` は共有のマシンの揺らぎに埋もれてしまう一方で、パスあたりの隙間はパスと同じくらいか、それより長くなります（上の表。1層の順伝播は 1ミリ秒に満たない時間です）。計算だけを数えた「模擬」の列は式の近くにあり、測ったバブルはどちらよりもずっと大きくなります。`benchmarks/pipeline.py` を CPU 2コアで実行して保存した結果（`benchmarks/results/pipeline-vm-20261202-053552.json`。幅 512 の層を 8つ、マイクロバッチあたり 32行、float64）では、`m` = 8 のときの測ったバブルは、2ランクで 1F1B 0.443、インターリーブ 1F1B 0.551、ZBV 0.529、DualPipeV 0.450（式では 0.111、0.059、0.020）、4ランクで 0.668、0.809、0.754、0.701（式では 0.273、0.158、0.059）でした。パスの数がいちばん少ない 1F1B のバブルがいちばん小さく、式の大小の順とは逆です。決まった部分 `c` は -1.7〜+0.1 ms で、1層あたり 0.6〜1.9 ms の仕事と比べると 0 と区別できません。一方、パスあたりの隙間は 6〜20 ms でした。このときマシンは混んでいて（CPU 2コアに対して 1分間のロードアベレージが 21〜24。ファイルに記録してあります）、隙間の多くはランクがコアの空くのを待つ時間です。空いたマシンで隙間がどれだけになるかは、この実行からはわかりません。パスがメッセージよりはるかに長い GPU クラスタで勝つスケジュールも、ここでは勝ちません。式どおりの姿を見るには、各パスを隙間に比べて長くします。層を広くし、マイクロバッチの行を増やします。
 
 # %% [markdown]
 # <!-- en -->
@@ -770,8 +779,9 @@ for r in compared["rows"]:
 for r in compared["rows"]:
     parts = r["measured_parts"]
     print(pad(r["layout"], 22), tr("measured at the peak:", "ピークでの測定値:"),
-          ", ".join(f"{k} {v / MiB:.2f}" for k, v in parts.items()), "|", tr("predicted activations", "予測した活性化"),
-          f"{r['predicted_parts']['activations'] / MiB:.2f}")
+          ", ".join(f"{k} {v / MiB:.2f}" for k, v in parts.items()), "|",
+          tr("predicted activations", "予測した活性化"), f"{r['predicted_parts']['activations'] / MiB:.2f},",
+          tr("gathered blocks", "まとめて持つブロック"), f"{r['predicted_parts']['gathered'] / MiB:.2f}")
 
 fig, axes = plt.subplots(1, 2, figsize=(10, 3.4))
 names = [r["layout"] for r in compared["rows"]]
@@ -829,57 +839,47 @@ print(tr("parameters and optimizer state per rank: measured = planner (+ Adam's 
 # <!-- en -->
 # ### What the numbers show
 #
-# On the machine this course was written on (2 cores shared with other work: load average about 20, so every
-# timing is marked busy; `benchmarks/results/planner-vm-20261202-055416.json`, model `dim` 128, MLP 512,
-# 16 tokens, global batch 32), every layout matched one process to within 2e-7 in float32, and the planner met
-# neither goal:
+# The tables above are this notebook's own run (the `smoke` ViT). `benchmarks/planner.py` runs the same check on a
+# wider ViT (`dim` 128, MLP 512, 16 tokens, global batch 32); its run on the 2 cores this course was written on,
+# `benchmarks/results/planner-vm-20261202-060650.json`, is the one quoted here (load average 2.4 at its start and
+# 6.2 at its end: busy, as every run of 8 processes on 2 cores is). Every layout matched one process to 2e-7 in
+# float32; the planner met neither goal.
 #
-# - **Memory.** Within 15% for the two layouts without FSDP: dp 8 predicted 14.26 MiB, measured 15.41 (-7%);
-#   dp 2 x cp 2 x pp 2 8.19 against 7.96 (+3%). For dp 8 the agreement is partly luck: at its peak the activations
-#   are already freed, and what the planner counts as activations (2.01 MiB) is stood in for by the flat buffer of
-#   the gradients' all-reduce (3.06 MiB), which the planner does not count. The three FSDP layouts are 29 to 55%
-#   under: fsdp 8 predicted 3.54 MiB, measured 7.78. The planner counts only the shards; at the measured peak of
-#   fsdp 8 the part that is neither parameters, gradients nor optimizer state is 5.46 MiB, 3.45 MiB more than the
-#   activations predicted, about four and a half blocks' worth of whole weights (a block is 0.76 MiB). What FSDP
-#   holds whole at such a moment (the block that computes, the next one prefetched, their all-gather buffers, a
-#   block's whole gradients before their reduce-scatter: chapter 10's table lists them) is what the formula leaves
-#   out; this run did not split that part further. On gloo the moment FSDP frees those buffers depends on when an
-#   asynchronous collective finishes, so the FSDP peaks also differ between ranks and between two identical steps
-#   (fsdp 8: 6.88 to 8.16 MB, 19%); the layouts without FSDP or tensor parallelism repeat to the byte.
-# - **Step time.** Measured: dp 8 126 ms < dp 2 x cp 2 x pp 2 321 < fsdp 8 649 < fsdp 4 x tp 2 851 <
-#   fsdp 2 x tp 2 x pp 2 930. Predicted: dp 8 95 < fsdp 8 167 < fsdp 4 x tp 2 248 < dp 2 x cp 2 x pp 2 278 <
-#   fsdp 2 x tp 2 x pp 2 350: Spearman 0.7. The exception is dp 2 x cp 2 x pp 2, measured second and predicted
-#   fourth. The planner is close on the two layouts without FSDP (measured / predicted 1.33 and 1.15) and under by
-#   a factor of 2.7 to 3.9 on the three with it. For fsdp 8 it predicts 41 ms of compute and 126 ms of collectives
-#   (15 all-gathers and reduce-scatters at 6.0 ms of alpha each, plus their bytes); the measured step is 649 ms, so
-#   about 480 ms are in nothing the formulas name. This run did not break the step down further; what FSDP2 does
-#   besides its collectives (copying shards into and out of the all-gather buffers, its hooks, many small
-#   operators) on 8 processes sharing 2 busy cores is where to look next. An earlier run of the same benchmark
-#   (`planner-vm-20261202-053354.json`, load 21 to 29) measured the three FSDP layouts in another order
-#   (fsdp 2 x tp 2 x pp 2 799 ms < fsdp 8 924 < fsdp 4 x tp 2 929) and gave Spearman 0.2: on this machine their
-#   order is within the noise. Both runs agree on what is robust: dp 8 first, dp 2 x cp 2 x pp 2 second, the FSDP
-#   layouts far slower than the planner says.
-#
-# The `smoke` profile (the smoke ViT, 0.14 M parameters) ran the same way on that machine: memory +5% (dp 8), -9%
-# (dp 2 x cp 2 x pp 2) and -26% to -41% (FSDP), Spearman 0.2, and the whole launch took 159 s at a load
-# average of 18 to 27, of which the five layouts took 38 s; the rest is starting 8 processes and measuring the
-# inputs on 2 cores that other work kept busy.
+# - **Memory.** dp 8: predicted 14.26 MiB, measured 15.41 (-7%); dp 2 x cp 2 x pp 2: 8.19 against 7.96 (+3%);
+#   fsdp 2 x tp 2 x pp 2 -9%, fsdp 4 x tp 2 -15%, fsdp 8 -19%. Where nothing is sharded the formulas count what
+#   is there: the weights, the gradients and Adam's moments to the byte (the cell above checks it). For dp 8 the
+#   agreement of the total is partly luck: at its peak the activations are already freed, and the flat buffer of
+#   the gradients' all-reduce (3.06 MiB, which the planner does not count) stands where they were. Under FSDP
+#   the planner adds what chapter 9 found FSDP2 to hold whole (two blocks' parameters, the one computing and the
+#   one prefetched, and one block's gradients before their reduce-scatter), and still comes out under: at the
+#   measured peak of fsdp 8 the part that is neither a shard of the training state nor anything else the planner
+#   names is 5.00 MiB, 0.72 MiB (about one block, 0.76 MiB) more than its activations and gathered blocks together. On gloo the
+#   moment FSDP frees a buffer depends on when an asynchronous collective finishes, so the FSDP peaks also differ
+#   between ranks and between two identical steps; the layouts without FSDP or tensor parallelism repeat to the
+#   byte.
+# - **Step time.** Measured: dp 8 132 ms < dp 2 x cp 2 x pp 2 284 < fsdp 8 508 < fsdp 2 x tp 2 x pp 2 773 <
+#   fsdp 4 x tp 2 813. Predicted: dp 8 94 < fsdp 8 200 < fsdp 4 x tp 2 333 < dp 2 x cp 2 x pp 2 360 <
+#   fsdp 2 x tp 2 x pp 2 472: Spearman 0.5. The two layouts without FSDP are predicted within a factor of 1.4
+#   (94 against 132 ms, 360 against 284); the three with FSDP take 1.6 to 2.5 times what the planner says. For
+#   fsdp 8 it predicts 22 ms of compute and 177 ms of collectives (at 9.4 ms of alpha each); the other 310 ms or so are in
+#   nothing the formulas name: what FSDP2 does besides its collectives (copying shards into and out of the
+#   all-gather buffers, its hooks, many small operators), on 8 processes sharing 2 cores. The order of the three
+#   FSDP layouts changes from run to run here; what every run so far agrees on is dp 8 first, dp 2 x cp 2 x pp 2
+#   second, and the FSDP layouts far slower than predicted.
 #
 # A planner built from the course's formulas is right where the formulas count everything (whole weights, shards
 # of the optimizer state, the ring traffic of one all-reduce per step) and wrong, by the amounts named above, where
-# a library does more than the formula says. On a quiet GPU cluster the same check is the first thing to run: feed
-# the planner inputs measured with every group busy at once, and compare before trusting its ranking.
+# a library does more than the formula says. On a GPU cluster the same check is the first thing to run: feed the
+# planner inputs measured with every group busy at once, and compare before trusting its ranking.
 # <!-- ja -->
 # ### 数値からわかること
 #
-# このコースを書いたマシン（2コアを他の作業と共有。ロードアベレージは約 20 で、すべての時間に busy の印が付いています。`benchmarks/results/planner-vm-20261202-055416.json`、モデルは `dim` 128、MLP 512、16トークン、グローバルバッチ 32）では、どのレイアウトも float32 で 2e-7 以内で 1個のプロセスと一致し、プランナーはどちらの目標も達成しませんでした。
+# 上の表は、このノートブック自身の実行（`smoke` の ViT）です。`benchmarks/planner.py` は同じ確認を、より幅の広い ViT（`dim` 128、MLP 512、16トークン、グローバルバッチ 32）で行います。ここで引用するのは、このコースを書いた 2コアのマシンでのその実行、`benchmarks/results/planner-vm-20261202-060650.json` です（ロードアベレージは開始時 2.4、終了時 6.2 で busy です。2コアで 8個のプロセスを動かす実行は、どれもそうなります）。どのレイアウトも float32 で 2e-7 以内で 1個のプロセスと一致し、プランナーはどちらの目標も達成しませんでした。
 #
-# - **メモリ。** FSDP を使わない 2つのレイアウトは 15% 以内でした。dp 8 は予測 14.26 MiB に対して測定 15.41 MiB（-7%）、dp 2 x cp 2 x pp 2 は 8.19 MiB に対して 7.96 MiB（+3%）です。ただし dp 8 の一致は半分は偶然です。ピークの時点では活性化はもう解放されていて、プランナーが活性化として数える分（2.01 MiB）の代わりに、勾配のオールリデュースに使う平たいバッファ（3.06 MiB）がそこを占めています。プランナーはこのバッファを数えません。FSDP を使う 3つのレイアウトは 29〜55% 少なく予測しました。fsdp 8 は予測 3.54 MiB に対して測定 7.78 MiB です。プランナーはシャードだけを数えます。fsdp 8 の測定したピークでは、パラメータでも勾配でもオプティマイザの状態でもない部分が 5.46 MiB あり、予測した活性化より 3.45 MiB 多く、ブロックおよそ 4.5個分の重み全体にあたります（ブロック 1つは 0.76 MiB）。そのような時点で FSDP が丸ごと持つもの（計算中のブロック、先読みした次のブロック、それらのオールギャザーのバッファ、リデュース・スキャッターの前のブロック 1つ分の完全な勾配。10章の表に挙げてあります）が、式に入っていない部分です。この実行では、この部分をそれ以上は分けていません。gloo では、FSDP がこれらのバッファを解放する時点が非同期の集合通信の終わる時点で決まるので、FSDP のピークはランクの間でも、同じステップを 2回実行した間でも違います（fsdp 8 では 6.88〜8.16 MB、19%）。FSDP もテンソル並列も使わないレイアウトは、バイト単位まで同じ値を繰り返します。
-# - **ステップ時間。** 測定: dp 8 126 ms < dp 2 x cp 2 x pp 2 321 < fsdp 8 649 < fsdp 4 x tp 2 851 < fsdp 2 x tp 2 x pp 2 930。予測: dp 8 95 < fsdp 8 167 < fsdp 4 x tp 2 248 < dp 2 x cp 2 x pp 2 278 < fsdp 2 x tp 2 x pp 2 350。スピアマンの順位相関は 0.7 です。例外は dp 2 x cp 2 x pp 2 で、測定では 2番め、予測では 4番めでした。FSDP を使わない 2つのレイアウトではプランナーは近く（測定 / 予測は 1.33 と 1.15）、FSDP を使う 3つでは 2.7〜3.9倍少なく予測しました。fsdp 8 についてプランナーは、計算 41 ms と集合通信 126 ms（オールギャザーとリデュース・スキャッター 15回、それぞれ alpha 6.0 ms と、そのバイト数の分）を予測しました。測定したステップは 649 ms なので、約 480 ms は式に名前のないところで使われています。この実行ではステップをそれ以上分解していません。次に調べるべきは、2つの忙しいコアを共有する 8個のプロセスの上で、FSDP2 が集合通信以外に行うこと（シャードをオールギャザーのバッファにコピーし、またコピーし戻すこと、フック、多数の小さな演算子）です。同じベンチマークの前の実行（`planner-vm-20261202-053354.json`、ロードアベレージ 21〜29）では、FSDP の 3つのレイアウトが別の順に並び（fsdp 2 x tp 2 x pp 2 799 ms < fsdp 8 924 < fsdp 4 x tp 2 929）、スピアマンの順位相関は 0.2 でした。このマシンでは、この 3つの順はノイズの範囲内です。2回の実行は、確かな部分では一致しています。dp 8 が 1番め、dp 2 x cp 2 x pp 2 が 2番めで、FSDP のレイアウトはプランナーの予測よりはるかに遅いということです。
+# - **メモリ。** dp 8 は予測 14.26 MiB に対して測定 15.41 MiB（-7%）、dp 2 x cp 2 x pp 2 は 8.19 MiB に対して 7.96 MiB（+3%）、fsdp 2 x tp 2 x pp 2 は -9%、fsdp 4 x tp 2 は -15%、fsdp 8 は -19% でした。何もシャーディングしないところでは、式はそこにあるものを数えています。重み、勾配、Adam のモーメントはバイト単位まで一致します（上のセルで確かめています）。dp 8 の合計の一致は、半分は偶然です。ピークの時点では活性化はもう解放されていて、その場所を勾配のオールリデュースに使うフラットなバッファ（3.06 MiB。プランナーは数えません）が占めています。FSDP については、プランナーは 9章で FSDP2 が丸ごと持つとわかったもの（計算中のブロックと先読みした次のブロックの 2つ分のパラメータと、リデュース・スキャッターの前のブロック 1つ分の勾配）を加えていますが、それでも少なく予測します。fsdp 8 の測定したピークでは、訓練状態のシャードでもなく、プランナーが名前を挙げる他のどれでもない部分が 5.00 MiB あり、活性化とまとめて持つブロックを合わせたより 0.72 MiB（ほぼブロック 1つ分の 0.76 MiB）多くなっています。gloo では、FSDP がバッファを解放する時点が非同期の集合通信の終わる時点で決まるので、FSDP のピークはランクの間でも、同じステップを 2回実行した間でも違います。FSDP もテンソル並列も使わないレイアウトは、バイト単位まで同じ値を繰り返します。
+# - **ステップ時間。** 測定: dp 8 132 ms < dp 2 x cp 2 x pp 2 284 < fsdp 8 508 < fsdp 2 x tp 2 x pp 2 773 < fsdp 4 x tp 2 813。予測: dp 8 94 < fsdp 8 200 < fsdp 4 x tp 2 333 < dp 2 x cp 2 x pp 2 360 < fsdp 2 x tp 2 x pp 2 472。スピアマンの順位相関は 0.5 です。FSDP を使わない 2つのレイアウトの予測は 1.4倍以内です（132 ms に対して 94、284 に対して 360）。FSDP を使う 3つは、プランナーの予測の 1.6〜2.5倍かかりました。fsdp 8 についてプランナーは、計算 22 ms と集合通信 177 ms（それぞれ alpha 9.4 ms）を予測します。残りの約 310 ms は、式に名前のないところで使われています。2コアを共有する 8個のプロセスの上で、FSDP2 が集合通信以外に行うこと（シャードをオールギャザーのバッファにコピーし、またコピーし戻すこと、フック、多数の小さな演算子）です。FSDP の 3つのレイアウトの順は、このマシンでは実行のたびに変わります。これまでのどの実行でも一致しているのは、dp 8 が 1番め、dp 2 x cp 2 x pp 2 が 2番めで、FSDP のレイアウトが予測よりはるかに遅いということです。
 #
-# `smoke` プロファイル（smoke の ViT、パラメータ 0.14 M 個）も同じマシンで同じように実行しました。メモリの誤差は +5%（dp 8）、-9%（dp 2 x cp 2 x pp 2）、-26〜-41%（FSDP）で、スピアマンの順位相関は 0.2 でした。起動全体にはロードアベレージ 18〜27 のもとで 159秒かかり、そのうち 5つのレイアウトは 38秒でした。残りは、他の作業で忙しい 2つのコアの上で 8個のプロセスを起動し、入力を測る時間です。
-#
-# コースの式から作ったプランナーは、式がすべてを数えているところ（重み全体、オプティマイザの状態のシャード、1ステップに 1回のオールリデュースのリング通信量）では正しく、ライブラリが式以上のことをするところでは、上の数値が示す分だけ外れます。静かな GPU クラスタでも、最初に行うべきなのはこの確認です。すべてのグループが同時に通信している状態で測った入力をプランナーに与え、その順位を信じる前に測定と比べてください。
+# コースの式から作ったプランナーは、式がすべてを数えているところ（重み全体、オプティマイザの状態のシャード、1ステップに 1回のオールリデュースのリング通信量）では正しく、ライブラリが式以上のことをするところでは、上の数値が示す分だけ外れます。GPU クラスタでも、最初に行うべきなのはこの確認です。すべてのグループが同時に通信している状態で測った入力をプランナーに与え、その順位を信じる前に測定と比べてください。
 
 # %% [markdown]
 # <!-- en -->
@@ -1186,6 +1186,48 @@ assert where == ["127.0.0.1"], where
 # ### コースの終わりに
 #
 # ここでこのコースは終わりです。1台のマシンでの `nn.DataParallel` と、「なぜ GPU 2枚のほうが 1枚より遅いことがあるのか」という問いから始まりました。そして、その問いにどのレイアウトについても答えるための道具で終わります。それぞれの方法をメッセージから組み立て、1個のプロセスと比べて確かめ、何がかかるかを測り、クラスタの時間を使う前に予測することです。
+
+# %% [markdown]
+# <!-- en -->
+# ## Summary
+#
+# - **Interleaving** gives each of `p` ranks `v` stages `v` times smaller: the fill and the drain shrink to
+#   `(p - 1) / v` passes, a bubble of `(p - 1) / (v m + p - 1)`. **Zero bubble** splits a stage's backward into the
+#   input gradient I, which the previous stage waits for, and the weight gradient W, which nobody waits for, and
+#   runs W where a rank would idle; with the V placement (rank `r` holds stages `r` and `2p - 1 - r`) and equal
+#   passes, `(p - 1) / (6 m + p - 1)`. Interleaved 1F1B, ZBV and DualPipeV give the gradients of one process on 2 and
+#   4 processes (float64), and `simulate_schedule` replays torch's own order of passes.
+# - They pay in memory and in pieces: at `m = 8` the most activations a rank holds are 1.5x (interleaved, 2 ranks) to
+#   1.83x (4 ranks) those of 1F1B, ZBV 1.2x and 1.33x, DualPipeV 1.5x; and a rank runs 4 passes per micro-batch
+#   (interleaved, v = 2) or 6 (ZBV) instead of 1F1B's 2. On CPU processes the time between passes is as long as
+#   the passes or longer, so the measured bubbles stay far above every formula; in every run recorded here
+#   interleaved 1F1B's bubble came out larger than 1F1B's, the reverse of the formulas' order, and ZBV's smaller only
+#   once (4 processes, this notebook's run), by little.
+# - `mparlib.planner` predicts a layout's memory per rank and step time from a model's shape, a global batch and a
+#   cluster, with the chapters' formulas: chapter 9's bytes per parameter and ZeRO stages (plus the blocks FSDP
+#   gathers), activations counted as the course's block saves them (exact for its ViT; Korthikanti et al.'s
+#   `34 + 5 a s / h` under their assumptions), chapter 8's alpha-beta model with ring traffic, chapter 10's bubble
+#   and chapter 11's collectives.
+# - On 8 processes of this machine five layouts (dp 8; fsdp 8; fsdp 4 x tp 2; fsdp 2 x tp 2 x pp 2;
+#   dp 2 x cp 2 x pp 2) train exactly like one process. The planner counts the training state of the layouts
+#   without FSDP to the byte; it predicts FSDP's memory too low and its steps far too short, and its order of the
+#   five steps is not the measured one: neither goal is met, and the chapter says by how much.
+# - On paper, with published H100 figures, the planner ranks Llama 3 405B's published layouts among its first four
+#   of those that fit; they fit only with activations recomputed; it gets the 8,192- and 16,384-GPU rates in the
+#   right order and the 128K-token run wrong, because it counts attention's `s x s` products at full speed.
+# - To choose a layout for a cluster of your own: measure its FLOP/s and links with every group busy, fit memory
+#   first, keep tensor parallelism inside a node, add a pipeline across nodes with enough micro-batches, context and
+#   expert parallelism where sequences or experts need them, data parallelism for the rest, then rank with the
+#   planner and time the first few.
+# <!-- ja -->
+# ## まとめ
+#
+# - **インターリーブ**では、`p` 個のランクのそれぞれが、`v` 分の 1 の大きさのステージを `v` 個持ちます。満ちるまでと空になるまでが `(p - 1) / v` パスに縮み、バブルは `(p - 1) / (v m + p - 1)` です。**ゼロバブル**は、ステージの逆伝播を、前のステージが待っている入力の勾配 I と、誰も待っていない重みの勾配 W に分け、ランクが遊ぶはずの場所で W を実行します。V 字の配置（ランク `r` がステージ `r` と `2p - 1 - r` を持つ）でパスの時間が等しければ `(p - 1) / (6 m + p - 1)` です。インターリーブ 1F1B、ZBV、DualPipeV は、2個と 4個のプロセスで 1個のプロセスと同じ勾配を出し（float64）、`simulate_schedule` は torch 自身のパスの順序を再現します。
+# - その代わりに、メモリと仕事の細かさで払います。`m = 8` でランクが同時に持つ活性化の最大は、1F1B に対してインターリーブで 1.5倍（2ランク）〜1.83倍（4ランク）、ZBV で 1.2倍と 1.33倍、DualPipeV で 1.5倍です。また、ランクはマイクロバッチごとに、1F1B の 2回に対して、インターリーブ（v = 2）では 4回、ZBV では 6回のパスを実行します。CPU 上のプロセスではパスとパスの間の時間がパスと同じくらいか、それより長いので、測ったバブルはどの式よりもずっと大きくなります。ここに記録したどの実行でも、インターリーブ 1F1B のバブルは 1F1B より大きく、式の大小の順とは逆でした。ZBV が 1F1B より小さかったのは 1回だけ（プロセス 4個、このノートブックの実行）で、その差もわずかです。
+# - `mparlib.planner` は、モデルの形状、グローバルバッチ、クラスタから、レイアウトのランクあたりのメモリと 1ステップの時間を予測します。使うのはこれまでの章の式です。9章のパラメータあたりのバイト数と ZeRO のステージ（FSDP がまとめて持つブロックも加えます）、このコースのブロックが保存するとおりに数えた活性化（コースの ViT では正確で、Korthikanti らの仮定のもとでは `34 + 5 a s / h` になります）、8章のリング通信量付きのアルファ・ベータモデル、10章のバブル、11章の集合通信です。
+# - このマシンの 8個のプロセスで、5つのレイアウト（dp 8、fsdp 8、fsdp 4 x tp 2、fsdp 2 x tp 2 x pp 2、dp 2 x cp 2 x pp 2）は 1個のプロセスとまったく同じように訓練されます。プランナーは、FSDP を使わないレイアウトの訓練状態をバイト単位まで正しく数えます。FSDP のメモリは少なく、そのステップはずっと短く予測し、5つのステップの順も測定とは違います。どちらの目標も達成できず、この章はその差を示しています。
+# - 公表された H100 の数値を使った机上検討では、プランナーは Llama 3 405B の公表されたレイアウトを、収まるものの上位 4つの中に並べます。それらが収まるのは活性化を再計算する場合だけです。8,192枚と 16,384枚の GPU での速さの順は正しく、128K トークンの訓練は外します。アテンションの `s x s` の積を全速で数えるからです。
+# - 自分のクラスタでレイアウトを選ぶには、すべてのグループが同時に動いている状態で FLOP/s とリンクを測り、まずメモリに収め、テンソル並列はノードの中に置き、ノードをまたぐところには十分なマイクロバッチを持つパイプラインを、系列やエキスパートが必要とするところにはコンテキスト並列とエキスパート並列を加え、残りをデータ並列にしてから、プランナーで順位をつけ、上位のいくつかを測ります。
 
 # %% [markdown]
 # <!-- en -->
