@@ -51,13 +51,13 @@ from mparlib.rendezvous import describe, interface_of, listening_store
 # %load_ext mparlib.launch
 
 # This chapter runs pipelining's ScheduleDualPipeV (torch 2.9) and replays schedules with torch's own order of passes
-# (torch 2.8); the other chapters need torch 2.7 (pyproject.toml). Say so now rather than deep inside a worker.
+# (torch 2.8). pyproject.toml asks for torch 2.9; an older install would fail deep inside a worker, so say so now.
 if tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2]) < (2, 9):
     raise ConfigError(tr(f"Chapter 12 needs torch 2.9 or newer (this is {torch.__version__}): it runs "
-                         "ScheduleDualPipeV and replays torch's schedules. Upgrade torch; the other chapters need only torch 2.7.",
+                         "ScheduleDualPipeV and replays torch's schedules. Upgrade torch (pip install 'torch>=2.9').",
                          f"12章には torch 2.9 以降が必要です（この環境は {torch.__version__} です）。ScheduleDualPipeV を"
-                         "実行し、torch のスケジュールを再現するからです。torch を更新してください。他の章に必要なのは "
-                         "torch 2.7 だけです。"))
+                         "実行し、torch のスケジュールを再現するからです。torch を更新してください"
+                         "（pip install 'torch>=2.9'）。"))
 mparlib.plot.use_course_style()  # a font with Japanese glyphs for this notebook's figures
 print(mparlib.report())
 print(mparlib.profile_line())
