@@ -51,7 +51,7 @@ from mparlib.rendezvous import describe, interface_of, listening_store
 # %load_ext mparlib.launch
 
 # This chapter runs pipelining's ScheduleDualPipeV (torch 2.9) and replays schedules with torch's own order of passes
-# (torch 2.8). pyproject.toml asks for torch 2.9; an older install would fail deep inside a worker, so say so now.
+# (torch 2.8). An older torch would fail deep inside a worker, so say so now.
 if tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2]) < (2, 9):
     raise ConfigError(tr(f"Chapter 12 needs torch 2.9 or newer (this is {torch.__version__}): it runs "
                          "ScheduleDualPipeV and replays torch's schedules. Upgrade torch (pip install 'torch>=2.9').",
