@@ -5,6 +5,7 @@ starts the processes, waits for them and stops them all at the first failure, an
 ``TCPStore`` that the ranks meet at (and leave their result or their error in), as torchrun's agent does. A notebook
 writes its own worker module with the ``%%worker`` cell magic (:mod:`mparlib.workers`). Explained in 06_ddp.
 """
+import contextlib
 import ctypes
 import errno
 import functools
@@ -232,17 +233,23 @@ def _entry(rank, run):
             os.environ["GLOO_SOCKET_IFNAME"] = run.interface
         # The launcher hosts the rendezvous server; every rank is a client, as under torchrun's agent.
         store = dist.TCPStore(run.host, run.port, run.nproc, is_master=False, timeout=timedelta(seconds=120))
-        with process_group(run.backend, timeout=run.timeout, store=store):
-            try:
-                result = run.call()
-                if rank == 0:
-                    store.set(RESULT, _pickled_result(result))
-                store.set(f"{DONE}{rank}", b"1")
-            except BaseException as e:  # recorded before leaving the group wakes the others with errors of their own
-                course = e if isinstance(e, MparlibError) and not isinstance(e, WorkerFailed) else None
-                summary = f"sys.exit({e.code!r})" if isinstance(e, SystemExit) else f"{type(e).__name__}: {e}"
-                store.set(f"mparlib/error{rank}", pickle.dumps((store.add(FAILURES, 1), summary, course)))
-                raise
+        try:
+            with process_group(run.backend, timeout=run.timeout, store=store):
+                try:
+                    result = run.call()
+                    if rank == 0:
+                        store.set(RESULT, _pickled_result(result))
+                    store.set(f"{DONE}{rank}", b"1")
+                except BaseException as e:  # recorded before leaving the group wakes the others with errors
+                    _record(store, rank, e)
+                    raise
+                if dist.is_initialized():  # no rank leaves while another is still joining: its links would close
+                    dist.barrier()         # under it ("Connection closed by peer") when a worker sends nothing
+        except BaseException as e:  # failed to join (or to leave): recorded after any rank that failed before it
+            with contextlib.suppress(Exception):  # a store that is gone leaves the exit code to tell
+                if not store.check([f"mparlib/error{rank}"]):
+                    _record(store, rank, e)
+            raise
         code = 0
     except BaseException as e:
         print(f"error: {e}" if isinstance(e, MparlibError) else traceback.format_exc(), flush=True)
@@ -404,6 +411,13 @@ def _over_limit(run, offsets):
         f"{how}。そのため、すべてのランクを停止しました（limit は実行全体の、timeout は 1回の集合通信が待つ時間の"
         "上限です）。limit を大きくするか、終わらないランクを探してください。ランク 0 のログの末尾:\n")
         + _tail(run.logs[0], offsets[0]), cause=how)
+
+
+def _record(store, rank, error):
+    """Note in the store how ``rank`` failed: (order among the failures, "Type: message", the course error or None)."""
+    course = error if isinstance(error, MparlibError) and not isinstance(error, WorkerFailed) else None
+    summary = f"sys.exit({error.code!r})" if isinstance(error, SystemExit) else f"{type(error).__name__}: {error}"
+    store.set(f"mparlib/error{rank}", pickle.dumps((store.add(FAILURES, 1), summary, course)))
 
 
 def _failure(processes, seen, server, run, offsets):

@@ -418,6 +418,22 @@ def _pass_times(notes_per_rank, statistic):
     return {k: statistic(v) for k, v in sorted(kinds.items())}
 
 
+def without_self_messages(stage):
+    """``stage`` without messages from its rank to itself when a schedule opens its links (gloo, torch before 2.14).
+
+    Under the V placement (ZBV, DualPipeV) the middle rank holds two neighbouring stages. Before its first step,
+    torch 2.11's schedule sends a one-element tensor to each neighbouring stage to open the links, including the
+    neighbour on its own rank, and gloo cannot send from a rank to itself ("Pair is not connected"). torch 2.14
+    skips neighbours on the same rank, as this does; between them the schedule hands tensors over in memory.
+    :func:`measure_schedules` applies it to every stage. Explained in 12_planning.
+    """
+    opening = getattr(stage, "_get_init_p2p_neighbors_ops", None)  # a private method: gone in some future release
+    if opening is not None:
+        me = dist.get_rank(stage.group)
+        stage._get_init_p2p_neighbors_ops = lambda: [op for op in opening() if op.group_peer != me]
+    return stage
+
+
 def _run_schedule(full, name, m, x, target, steps, warmup):
     """One schedule on this rank: the notes of every step, the gradients of the first, in-flight counts."""
     from torch.distributed.pipelining import PipelineStage
@@ -426,7 +442,8 @@ def _run_schedule(full, name, m, x, target, steps, warmup):
     indices = stage_indices(name, rank, world)
     total = world * len(indices)
     per = len(full) // total  # modules (Linear and tanh) in one stage
-    timers = [StageTimes(PipelineStage(full[k * per:(k + 1) * per], k, total, dev), dev) for k in indices]
+    timers = [StageTimes(without_self_messages(PipelineStage(full[k * per:(k + 1) * per], k, total, dev)), dev)
+              for k in indices]
     stages = [t.stage for t in timers]
     runner = schedule_class(name)(stages if len(stages) > 1 else stages[0], n_microbatches=m, loss_fn=F.mse_loss)
     args = (x,) if 0 in indices else ()

@@ -406,6 +406,8 @@ def load_sharded(state, path, unverified=False):
     path = Path(path)
     folder = latest_checkpoint(path) if (path / MARKER).is_file() else _check_complete(path)
     _verify(folder, flag(unverified, "unverified", "load_sharded"))
+    reader = _SafeReader(folder)
+    reader.read_metadata()  # refuse a planted index here: some releases of DCP catch the reader's error and go on
     with _single_process_is_meant(), _explained(folder, saving=False):
-        dcp.load(state, checkpoint_id=folder, storage_reader=_SafeReader(folder), planner=_SafePlanner())
+        dcp.load(state, checkpoint_id=folder, storage_reader=reader, planner=_SafePlanner())
     return folder

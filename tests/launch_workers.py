@@ -56,6 +56,20 @@ def course_error():
     dist.barrier()
 
 
+def course_error_at_once():
+    """Rank 0 raises one of the course's errors at once; the others return at once, sending nothing."""
+    from mparlib.errors import ConfigError
+
+    if dist.get_rank() == 0:
+        raise ConfigError("planted at once")
+    return dist.get_rank()
+
+
+def returns_at_once():
+    """Every rank returns at once, sending nothing: no rank may leave while another is still joining."""
+    return dist.get_rank()
+
+
 def killed_mid_run(victim=1):
     """Rank ``victim`` prints, then is killed by SIGKILL while the others wait in a collective."""
     if dist.get_rank() == victim:

@@ -48,20 +48,27 @@ def ring_vs_sdpa(shape=(2, 3, 16, 8), seed=0):
 
 
 def ring_vs_context_parallel(shape=(2, 3, 16, 8), seed=0):
-    """Ring attention and torch's ``context_parallel`` (non-causal): largest difference of the gathered outputs."""
+    """Ring attention and torch's ``context_parallel`` (non-causal, CPU): largest difference of the gathered outputs,
+    and the collectives torch ran. Torch's ring kernels are the GPU's; on the CPU SDPA's MATH formula runs on the
+    sharded buffers (chapter 11 says so)."""
     from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.debug import CommDebugMode
     from torch.distributed.tensor.experimental import context_parallel
     from torch.distributed.tensor.experimental._attention import context_parallel_unshard
+    from torch.nn.attention import SDPBackend, sdpa_kernel
 
     rank, world = dist.get_rank(), dist.get_world_size()
     q, k, v, _ = _whole(shape, seed)
     mesh = init_device_mesh("cpu", (world,))
     buffers = [q.clone(), k.clone(), v.clone()]
-    with context_parallel(mesh, buffers=buffers, buffer_seq_dims=[2, 2, 2]):
+    comm = CommDebugMode()
+    with comm, sdpa_kernel(SDPBackend.MATH), context_parallel(mesh, buffers=buffers, buffer_seq_dims=[2, 2, 2]):
         theirs = F.scaled_dot_product_attention(*buffers)
+    assert theirs.shape[2] == shape[2] // world  # the buffers were sharded in place: each rank computed its part
     theirs = context_parallel_unshard(mesh, [theirs], [2])[0]
     ours = _gather(ring_attention(*(shard_sequence(t, rank, world) for t in (q, k, v))), "contiguous")
-    return (ours - theirs).abs().max().item()
+    return {"diff": (ours - theirs).abs().max().item(),
+            "collectives": {str(op).split(".")[-1]: n for op, n in comm.get_comm_counts().items()}}
 
 
 def saved_bytes(lengths=(16, 32), batch=2, heads=2, dim=8):

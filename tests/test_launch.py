@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from launch_workers import (course_error, echo_arguments, exits_early, failing, killed_mid_run, listening_addresses,
+from launch_workers import (course_error, course_error_at_once, echo_arguments, exits_early, failing, killed_mid_run, listening_addresses,
                             rank_sum, returns_unpicklable, runs_forever_without_collectives, skips_collective,
-                            starts_children, forks_then_dies)
+                            starts_children, forks_then_dies, returns_at_once)
 from mparlib import launch, rendezvous
 from mparlib.errors import ConfigError, LaunchError, WorkerFailed
 
@@ -72,6 +72,19 @@ def test_a_failing_rank_is_named_with_the_end_of_its_log_and_the_others_stopped(
 def test_a_course_error_in_a_worker_comes_back_as_itself():
     with pytest.raises(ConfigError, match=r"^epochs=0: use an int >= 1\.$"):
         launch.launch(course_error, 2, echo=False)
+
+
+def test_a_course_error_raised_at_once_is_what_comes_back_while_the_other_ranks_return():
+    """The ranks that returned wait for every rank before leaving, and fail after the first rank, not before it: the
+    course's error is what comes back. (Once, on torch 2.11, a rank still joining saw its links close as the rank with
+    the error left, and was named instead.)"""
+    for _ in range(3):
+        with pytest.raises(ConfigError, match=r"^planted at once$"):
+            launch.launch(course_error_at_once, 4, echo=False, timeout=60)
+
+
+def test_ranks_that_send_nothing_all_return():
+    assert [launch.launch(returns_at_once, 4, echo=False, timeout=60) for _ in range(3)] == [0, 0, 0]
 
 
 def test_a_rank_killed_by_a_signal_is_the_cause_and_its_log_is_shown():

@@ -119,7 +119,13 @@ def test_balanced_causal_split_does_equal_work_and_contiguous_does_not(ring_repo
 
 def test_ring_attention_equals_context_parallel(ring_report):
     world, report = ring_report
-    assert report["context_parallel"] < 1e-10, world
+    assert report["context_parallel"]["diff"] < 1e-10, world
+
+
+def test_context_parallel_on_the_cpu_gathers_the_keys_and_values(ring_report):
+    """What chapter 11 says torch does on the CPU: two all-gathers (keys, values), not a ring of exchanges."""
+    world, report = ring_report
+    assert report["context_parallel"]["collectives"] == {"all_gather_into_tensor": 2}, (world, report)
 
 
 def test_saved_bytes_per_rank_shrink_by_the_number_of_ranks(ring_report):

@@ -14,7 +14,7 @@ from matplotlib.figure import Figure
 
 from mparlib import schedules as pp
 from mparlib.diagrams import draw_timeline
-from mparlib.errors import ConfigError
+from mparlib.errors import ConfigError, WorkerFailed
 from mparlib.launch import launch
 
 NEW = ("1f1b", "interleaved1f1b", "interleavedzb", "zbv", "dualpipev")
@@ -186,3 +186,17 @@ def test_simulate_schedule_names_the_release_it_needs(monkeypatch):
     monkeypatch.setitem(sys.modules, "torch.distributed.pipelining._schedule_visualizer", None)  # as on torch 2.7
     with pytest.raises(ConfigError, match=r"came with 2\.8"):
         pp.simulate_schedule("zbv", 2, 4)
+
+
+@pytest.mark.parametrize("p", [2, 4])
+def test_opening_the_links_of_the_v_placement_sends_nothing_to_the_same_rank(p):
+    """torch 2.11 opens the links of every neighbouring stage, the middle rank's own pair included, and gloo cannot
+    send from a rank to itself; without_self_messages leaves those messages out, so ZBV and DualPipeV run there too."""
+    import schedule_workers
+
+    every = launch(schedule_workers.open_links_of_the_v_placement, p, echo=False, timeout=120)
+    to_self = [r["to_self"] for r in every]
+    assert to_self[p - 1] == 4 and sum(to_self) == 4, to_self  # stages p-1 and p: two messages each way
+    assert all(r["sent"] > 0 for r in every)
+    with pytest.raises(WorkerFailed, match="Pair is not connected"):
+        launch(schedule_workers.open_links_of_the_v_placement, p, kwargs={"filtered": False}, echo=False, timeout=120)

@@ -497,14 +497,19 @@ plt.show()
 # part with `ring_attention`; outputs and gradients are gathered from the ranks and put back in sequence order
 # (`unshard_sequence`). This runs in float64, so the only differences are rounding. It also runs PyTorch's own
 # context parallelism, `context_parallel` from `torch.distributed.tensor.experimental`, which shards the buffers
-# it is given in place and replaces SDPA inside its `with` block; on the CPU it supports non-causal attention only
-# (its causal path has no sharding rule for the CPU attention kernel), which is one reason to build the ring
-# ourselves. The same launch measures memory, the time of the ring's steps and the balance of the causal splits,
-# which the next sections read.
+# it is given in place and replaces SDPA inside its `with` block. Its ring is written for the GPU's attention
+# kernels (flash, memory-efficient, cuDNN), and by default it does not pass the keys and values from rank to rank
+# at all: it all-gathers them (`set_rotate_method("alltoall")` switches to a ring of exchanges). None of those
+# kernels runs on the CPU, so there the worker asks SDPA for its plain formula (`SDPBackend.MATH`), whose matrix
+# products DTensor computes on the shards by all-gathering the keys and the values: the two collectives that
+# `CommDebugMode` counts below. On the CPU, then, torch's result checks our output, but it is not a second ring;
+# and causal attention does not run that way at all (the causal mask is a plain tensor that cannot be added to the
+# sharded scores), one more reason to build the ring ourselves. The same launch measures memory, the time of the
+# ring's steps and the balance of the causal splits, which the next sections read.
 # <!-- ja -->
 # ## 2個と 4個のプロセスでのリングアテンション
 #
-# 次のワーカーは、リングを 1個のプロセスと比べます。どのランクも同じシードから同じ `q`、`k`、`v` の全体を作り、系列全体に対する PyTorch の `F.scaled_dot_product_attention` を基準として計算します。次に `ring_attention` で自分の部分を計算します。出力と勾配を各ランクから集め、系列の順に並べ直して（`unshard_sequence`）比べます。float64 で計算するので、違いは丸め誤差だけです。さらに、PyTorch 自身のコンテキスト並列である `torch.distributed.tensor.experimental` の `context_parallel` も動かします。これは渡したバッファをその場でシャーディングし、`with` ブロックの中で SDPA を置き換えます。CPU では非因果的なアテンションにしか対応していません（因果的な経路には CPU のアテンションのカーネルに対するシャーディングの規則がありません）。これも、リングを自分で組み立てる理由の 1つです。同じ起動で、メモリ、リングの各ステップの時間、因果的な分割の負荷の釣り合いも測ります。これらは後の節で読みます。
+# 次のワーカーは、リングを 1個のプロセスと比べます。どのランクも同じシードから同じ `q`、`k`、`v` の全体を作り、系列全体に対する PyTorch の `F.scaled_dot_product_attention` を基準として計算します。次に `ring_attention` で自分の部分を計算します。出力と勾配を各ランクから集め、系列の順に並べ直して（`unshard_sequence`）比べます。float64 で計算するので、違いは丸め誤差だけです。さらに、PyTorch 自身のコンテキスト並列である `torch.distributed.tensor.experimental` の `context_parallel` も動かします。これは渡したバッファをその場でシャーディングし、`with` ブロックの中で SDPA を置き換えます。そのリングは GPU のアテンションのカーネル（flash、memory-efficient、cuDNN）のために書かれています。しかも既定では、キーとバリューをランクからランクへ回さず、オールギャザーで集めます（`set_rotate_method("alltoall")` にすると、交換を繰り返すリングになります）。これらのカーネルはどれも CPU では動かないので、CPU ではワーカーが SDPA に定義どおりの計算（`SDPBackend.MATH`）を使わせます。その行列積を DTensor がシャードの上で計算し、そのためにキーとバリューをオールギャザーで集めます。下で `CommDebugMode` が数える 2回の集合通信がこれです。つまり CPU では、PyTorch の結果は私たちの出力の検査にはなりますが、2つ目のリングではありません。また、因果的アテンションはこの方法では動きません（因果マスクはふつうのテンソルなので、シャーディングされたスコアに足せません）。これも、リングを自分で組み立てる理由の 1つです。同じ起動で、メモリ、リングの各ステップの時間、因果的な分割の負荷の釣り合いも測ります。これらは後の節で読みます。
 
 # %%
 # %%worker cp_workers
@@ -545,27 +550,34 @@ def check_ring(shape=(2, 4, 32, 16)):
 
 
 def check_context_parallel(shape=(2, 4, 32, 16)):
-    """Largest difference of the whole output: ring attention vs torch's context_parallel (non-causal, float32)."""
+    """Ring attention vs torch's context_parallel (non-causal, float32): largest difference, collectives torch ran."""
+    from contextlib import nullcontext
+
     from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.debug import CommDebugMode
     from torch.distributed.tensor.experimental import context_parallel
     from torch.distributed.tensor.experimental._attention import context_parallel_unshard
+    from torch.nn.attention import SDPBackend, sdpa_kernel
 
     rank, world, dev = dist.get_rank(), dist.get_world_size(), device()
     torch.manual_seed(0)
     q, k, v = (torch.randn(*shape, device=dev) for _ in range(3))
     mesh = init_device_mesh(dev.type, (world,))
     buffers = [q.clone(), k.clone(), v.clone()]
-    with context_parallel(mesh, buffers=buffers, buffer_seq_dims=[2, 2, 2]):  # buffers become this rank's shards
+    kernel = sdpa_kernel(SDPBackend.MATH) if dev.type == "cpu" else nullcontext()  # torch's ring has no CPU kernel
+    comm = CommDebugMode()
+    with comm, kernel, context_parallel(mesh, buffers=buffers, buffer_seq_dims=[2, 2, 2]):  # buffers: shards now
         theirs = F.scaled_dot_product_attention(*buffers)
     theirs = context_parallel_unshard(mesh, [theirs], [2])[0]
     ours = gather_sequence(ra.ring_attention(*(ra.shard_sequence(t, rank, world) for t in (q, k, v))), "contiguous")
-    return (ours - theirs).abs().max().item()
+    collectives = {str(op).split(".")[-1]: n for op, n in comm.get_comm_counts().items()}
+    return {"diff": (ours - theirs).abs().max().item(), "collectives": collectives}
 
 
 def context_parallel_report(lengths, timing, overlap=True):
     """The checks, then memory per rank, the ring's step times (if overlap) and the causal balance."""
     torch.backends.cuda.matmul.allow_tf32 = False  # full float32 on GPUs, as on the CPU
-    report = {"diffs": check_ring(), "context_parallel": check_context_parallel(),
+    report = {"device": device().type, "diffs": check_ring(), "context_parallel": check_context_parallel(),
               "memory": ra.measure_memory(lengths, device=device()),
               "balance": ra.measure_balance(**timing, device=device())}
     if overlap:
@@ -584,13 +596,16 @@ print(tr("cases checked:", "検査した場合:"), list(cp_reports[2]["diffs"]))
 # %% tags=["nbval-ignore-output"]
 for n, report in cp_reports.items():
     print(f"n={n}: " + ", ".join(f"{case} {d:.1e}" for case, d in report["diffs"].items())
-          + tr(f"; vs context_parallel {report['context_parallel']:.1e}",
-               f"。context_parallel との差 {report['context_parallel']:.1e}"))
+          + tr(f"; vs context_parallel {report['context_parallel']['diff']:.1e}, which ran ",
+               f"。context_parallel との差 {report['context_parallel']['diff']:.1e}、PyTorch が使った集合通信 ")
+          + str(report["context_parallel"]["collectives"]))
 
 # %%
 for n, report in cp_reports.items():
     assert all(d < 1e-10 for d in report["diffs"].values()), (n, report["diffs"])
-    assert report["context_parallel"] < 1e-5, (n, report["context_parallel"])  # float32, another summation order
+    assert report["context_parallel"]["diff"] < 1e-5, (n, report["context_parallel"])  # float32, another order
+    if report["device"] == "cpu":  # DTensor computes SDPA's formula on the shards by gathering the keys and the values
+        assert report["context_parallel"]["collectives"] == {"all_gather_into_tensor": 2}, report["context_parallel"]
 print(tr("ring attention on 2 and 4 processes = one-process attention: output and the gradients of q, k and v, "
          "non-causal and causal with both splits (float64, tolerance 1e-10); non-causal = context_parallel "
          "(float32, tolerance 1e-5)",

@@ -103,7 +103,10 @@ for n in (2, 4, 8):
 #
 # `schedules.stage_indices` gives the stages a rank holds; `schedules.check_micro_batches` says, before torch
 # does, what a schedule needs (1F1B at least `p` micro-batches, DualPipeV at least `2p`, the interleaved schedules a
-# whole number of rounds of `p`).
+# whole number of rounds of `p`). Under the V placement the middle rank holds two neighbouring stages (rank `p - 1`
+# holds stages `p - 1` and `p`). Before its first step, the schedule of torch 2.11 opens the link to every
+# neighbouring stage with a small message, this rank's own included, and gloo cannot send from a rank to itself;
+# `schedules.without_self_messages` leaves those messages out (torch 2.14 skips them itself).
 # <!-- ja -->
 # ## 1F1B の先のスケジュール
 #
@@ -112,7 +115,7 @@ for n in (2, 4, 8):
 # - **インターリーブ**（インターリーブ 1F1B。Narayanan ら、2021年、"Efficient Large-Scale Language Model Training on GPU Clusters Using Megatron-LM"）。モデルを `p` 個ではなく `v p` 個のステージに切り、各ランクにループ状に `v` 個ずつ持たせます。ランク `r` はステージ `r, r + p, r + 2p, ...` を持ちます。ステージは `v` 分の 1 の大きさになるので、パイプラインを満たして空にする費用は、`v` 分の 1 の大きさのステージの `(p - 1)` 回分です。遊びは `(p - 1) / v`、仕事は `m` で、割合は `(p - 1) / (v m + p - 1)` になります。その代わり、マイクロバッチはランクの間を `v` 周するのでメッセージは `v` 倍になり、同時に抱えるマイクロバッチも増えます。
 # - **ゼロバブル**（Qi ら、2024年、"Zero Bubble Pipeline Parallelism"）。ステージの逆伝播は 2つの計算からなります。入力についての勾配（ここでは I と呼びます。論文では B）は前のステージが待っています。重みについての勾配（W）は誰も待っていません。W を後回しにして、ランクが待つはずだった時間に実行すれば、バブルが埋まります。論文の ZB-V スケジュールは、各ランクに 2つのステージを **V** の形に持たせます。ランク `r` はステージ `r` と `2p - 1 - r` を持ちます。マイクロバッチはランクを下っていき、また上ってきます。ランク 0 は最初のステージと最後のステージを持ち、損失を計算します。ステージの F、I、W がどれも同じ時間なら、`m >= 2p - 1` のとき各ランクが遊ぶのは、`m` がいくら大きくても `p - 1` 回分だけです。割合 `(p - 1) / (6 m + p - 1)` は 0 に近づいていきます（論文が「ゼロバブル」と呼ぶのは、各ランクが自分の仕事を終えたらすぐ次のステップを始められるからです。ここでのように 1ステップを最初の開始から最後の終了まで測ると、この `p - 1` 回分が残ります）。DualPipeV（DeepSeek の DualPipe、2024年から）も同じ V の配置を使い、順伝播と逆伝播を組にして進めます。
 #
-# ランクが持つステージは `schedules.stage_indices` が返します。スケジュールに何が必要かは、torch より先に `schedules.check_micro_batches` が教えてくれます（1F1B は `p` 個以上のマイクロバッチ、DualPipeV は `2p` 個以上、インターリーブのスケジュールは `p` 個ずつの回がちょうど割り切れる数）。
+# ランクが持つステージは `schedules.stage_indices` が返します。スケジュールに何が必要かは、torch より先に `schedules.check_micro_batches` が教えてくれます（1F1B は `p` 個以上のマイクロバッチ、DualPipeV は `2p` 個以上、インターリーブのスケジュールは `p` 個ずつの回がちょうど割り切れる数）。V の配置では、真ん中のランクが隣り合う 2つのステージを持ちます（ランク `p - 1` がステージ `p - 1` と `p` を持ちます）。torch 2.11 のスケジュールは最初のステップの前に、隣のステージそれぞれへ小さなメッセージを送ってリンクを開きます。このとき自分のランクの中の隣にも送りますが、gloo はランクから自分自身へは送れません。`schedules.without_self_messages` はそのメッセージを除きます（torch 2.14 は自分で飛ばします）。
 
 # %%
 NAMES = {"1f1b": "1F1B", "interleaved1f1b": tr("interleaved 1F1B", "インターリーブ 1F1B"), "zbv": "ZBV",
