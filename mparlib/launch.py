@@ -235,6 +235,9 @@ def _entry(rank, run):
         store = dist.TCPStore(run.host, run.port, run.nproc, is_master=False, timeout=timedelta(seconds=120))
         try:
             with process_group(run.backend, timeout=run.timeout, store=store):
+                # Every rank has joined before any worker can end: a rank still joining would see the links of a
+                # rank that ended close under it ("Connection closed by peer").
+                dist.barrier(**({"device_ids": [torch.cuda.current_device()]} if run.backend == "nccl" else {}))
                 try:
                     result = run.call()
                     if rank == 0:
@@ -243,8 +246,6 @@ def _entry(rank, run):
                 except BaseException as e:  # recorded before leaving the group wakes the others with errors
                     _record(store, rank, e)
                     raise
-                if dist.is_initialized():  # no rank leaves while another is still joining: its links would close
-                    dist.barrier()         # under it ("Connection closed by peer") when a worker sends nothing
         except BaseException as e:  # failed to join (or to leave): recorded after any rank that failed before it
             with contextlib.suppress(Exception):  # a store that is gone leaves the exit code to tell
                 if not store.check([f"mparlib/error{rank}"]):

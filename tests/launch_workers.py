@@ -66,7 +66,7 @@ def course_error_at_once():
 
 
 def returns_at_once():
-    """Every rank returns at once, sending nothing: no rank may leave while another is still joining."""
+    """Every rank returns at once, sending nothing: no rank may end while another is still joining."""
     return dist.get_rank()
 
 

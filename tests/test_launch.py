@@ -75,9 +75,9 @@ def test_a_course_error_in_a_worker_comes_back_as_itself():
 
 
 def test_a_course_error_raised_at_once_is_what_comes_back_while_the_other_ranks_return():
-    """The ranks that returned wait for every rank before leaving, and fail after the first rank, not before it: the
-    course's error is what comes back. (Once, on torch 2.11, a rank still joining saw its links close as the rank with
-    the error left, and was named instead.)"""
+    """Every rank has joined before any worker runs, and a rank that fails after the first one is recorded after it:
+    the course's error is what comes back. (Once, on torch 2.11, a rank still joining saw its links close as the rank
+    with the error left, and was named instead.)"""
     for _ in range(3):
         with pytest.raises(ConfigError, match=r"^planted at once$"):
             launch.launch(course_error_at_once, 4, echo=False, timeout=60)
