@@ -10,6 +10,7 @@ from torch.nn import functional as F
 
 from mparlib.ring_attention import (SavedBytes, measure_balance, measure_overlap, ring_attention, shard_sequence,
                                     unshard_sequence)
+from mparlib.sequence_parallel import collective_counts
 
 CASES = [(False, "contiguous"), (True, "contiguous"), (True, "balanced"), (False, "balanced")]
 
@@ -68,7 +69,7 @@ def ring_vs_context_parallel(shape=(2, 3, 16, 8), seed=0):
     theirs = context_parallel_unshard(mesh, [theirs], [2])[0]
     ours = _gather(ring_attention(*(shard_sequence(t, rank, world) for t in (q, k, v))), "contiguous")
     return {"diff": (ours - theirs).abs().max().item(),
-            "collectives": {str(op).split(".")[-1]: n for op, n in comm.get_comm_counts().items()}}
+            "collectives": collective_counts(comm)}
 
 
 def saved_bytes(lengths=(16, 32), batch=2, heads=2, dim=8):

@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from launch_workers import (course_error, course_error_at_once, echo_arguments, exits_early, failing, killed_mid_run, listening_addresses,
-                            rank_sum, returns_unpicklable, runs_forever_without_collectives, skips_collective,
-                            starts_children, forks_then_dies, returns_at_once)
+from launch_workers import (course_error, course_error_at_once, echo_arguments, exits_early, failing, killed_mid_run,
+                            listening_addresses, rank_sum, returns_at_once, returns_unpicklable,
+                            runs_forever_without_collectives, skips_collective, starts_children, forks_then_dies)
 from mparlib import launch, rendezvous
 from mparlib.errors import ConfigError, LaunchError, WorkerFailed
 
