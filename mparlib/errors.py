@@ -51,12 +51,13 @@ class WorkerFailed(LaunchError):
     """A process started by ``mparlib.launch.launch`` failed; the message names the rank and ends with its log.
 
     Explained in 06_ddp. ``rank`` is the rank that failed first and ``cause`` says how, in one line (both ``None``
-    when unknown); the full message adds the end of that rank's log.
+    when unknown); the full message adds the end of that rank's log. ``limit`` is the run's limit (seconds) when the
+    run was stopped for going past it, else ``None``.
     """
 
-    def __init__(self, message, *, rank=None, cause=None):
+    def __init__(self, message, *, rank=None, cause=None, limit=None):
         super().__init__(message)
-        self.rank, self.cause = rank, cause
+        self.rank, self.cause, self.limit = rank, cause, limit
 
 
 class TrainingDiverged(MparlibError, ArithmeticError):

@@ -2,7 +2,9 @@
 
 :func:`launch` does torchrun's job from Python. It stands on PyTorch's own tools: ``torch.multiprocessing``
 starts the processes, waits for them and stops them all at the first failure, and the launcher hosts the rendezvous
-``TCPStore`` that the ranks meet at (and leave their result or their error in), as torchrun's agent does. A notebook
+``TCPStore`` that the ranks meet at, as torchrun's agent does. The ranks leave their result or their error as files in
+a folder that only this user can open (``mkdtemp``, mode 0700), never in the store: the store has no authentication,
+so anything another local process could write there is never unpickled here, and results of any size come back. A notebook
 writes its own worker module with the ``%%worker`` cell magic (:mod:`mparlib.workers`). Explained in 06_ddp.
 """
 import contextlib
@@ -41,8 +43,8 @@ from .progress import in_kernel
 from .rendezvous import check_port, choose_backend, interface_of, listening_store, process_group
 from .workers import register_magic
 
-# Keys in the launcher's store; a rank's error: mparlib/error{r}; a rank whose function returned: mparlib/done{r}.
-RESULT, FAILURES, DONE = "mparlib/result", "mparlib/failures", "mparlib/done"
+# Files in the run's private folder: rank 0's result; a rank's error: error{r}; a rank whose function returned: done{r}.
+RESULT, ERROR, DONE = "result", "error", "done"
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,7 @@ class _Run:
     parent: int  # the launcher's pid
     interface: str | None  # the network interface holding ``host``, for gloo's connections between the ranks
     limit: float | None  # seconds the whole run may take
+    box: str  # the run's private folder (0700): results, errors and "done" marks, written by the ranks alone
 
 
 def _check_importable(fn):
@@ -144,10 +147,40 @@ class _Discard:
         return len(data)
 
 
-def _pickled_result(result):
-    """Rank 0's result as bytes for the store, or a course error saying why it cannot travel back."""
+def _save(box, name, value):
+    """Write ``value`` pickled as ``box/name``, whole or not at all (a temporary file, then ``os.replace``)."""
+    path = Path(box) / name
+    tmp = path.with_name(f".{name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
     try:
-        return pickle.dumps(result)
+        with open(fd, "wb") as f:
+            pickle.dump(value, f, protocol=pickle.HIGHEST_PROTOCOL)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def _load(box, name):
+    """What a rank saved as ``box/name`` (:func:`_save`), or None when it saved nothing."""
+    path = Path(box) / name
+    if not path.exists():
+        return None
+    with open(os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0)), "rb") as f:
+        return pickle.load(f)
+
+
+def _save_result(box, result):
+    """Save rank 0's result for the launcher, or raise a course error saying why it cannot travel back."""
+    try:
+        _save(box, RESULT, result)
+    except OSError as e:  # the disk is full, or the folder is gone: not the result's fault
+        raise LaunchError(tr(
+            f"Rank 0's return value could not be written for the launcher ({e.strerror}): free space in "
+            f"{tempfile.gettempdir()} (the system's temporary folder) or return a smaller result.",
+            f"ランク 0 の戻り値をランチャーのために書き出せませんでした（{e.strerror}）。システムの一時フォルダー "
+            f"{tempfile.gettempdir()} の空きを増やすか、より小さな結果を返してください。")) from None
     except Exception as e:  # noqa: BLE001 - pickle fails in many ways (PicklingError, TypeError, AttributeError...)
         raise LaunchError(tr(
             f"Rank 0's return value (a {type(result).__name__}) cannot be sent back to the launcher: {e}. A result "
@@ -241,15 +274,15 @@ def _entry(rank, run):
                 try:
                     result = run.call()
                     if rank == 0:
-                        store.set(RESULT, _pickled_result(result))
-                    store.set(f"{DONE}{rank}", b"1")
+                        _save_result(run.box, result)
+                    _save(run.box, f"{DONE}{rank}", True)
                 except BaseException as e:  # recorded before leaving the group wakes the others with errors
-                    _record(store, rank, e)
+                    _record(run.box, rank, e)
                     raise
         except BaseException as e:  # failed to join (or to leave): recorded after any rank that failed before it
-            with contextlib.suppress(Exception):  # a store that is gone leaves the exit code to tell
-                if not store.check([f"mparlib/error{rank}"]):
-                    _record(store, rank, e)
+            with contextlib.suppress(Exception):  # a folder that is gone leaves the exit code to tell
+                if not (Path(run.box) / f"{ERROR}{rank}").exists():
+                    _record(run.box, rank, e)
             raise
         code = 0
     except BaseException as e:
@@ -302,13 +335,15 @@ def launch(fn, nproc, args=(), kwargs=None, *, backend="auto", port=None, host="
     # The server lives here, so no rank has to win a race for the port.
     server = _listening_store(host, port or 0, nproc)
     try:
-        with tempfile.TemporaryDirectory(prefix="mparlib-launch-") as tmp:
+        with tempfile.TemporaryDirectory(prefix="mparlib-launch-") as tmp, \
+                tempfile.TemporaryDirectory(prefix="mparlib-results-") as box:  # 0700: this user's processes alone
             logs = Path(tmp if log_dir is None else log_dir)
             logs.mkdir(parents=True, exist_ok=True)
             _check_logs([logs / f"rank{r}.log" for r in range(nproc)])
             run = _Run(functools.partial(fn, *args, **(kwargs or {})), nproc, host, server.port, backend,
                        threads or (1 if backend == "nccl" else max(1, cores // nproc)), timeout,
-                       tuple(str(logs / f"rank{r}.log") for r in range(nproc)), os.getpid(), interface_of(host), limit)
+                       tuple(str(logs / f"rank{r}.log") for r in range(nproc)), os.getpid(), interface_of(host), limit,
+                       box)
             return _supervise(run, server, echo, show)
     finally:
         del server  # the frames of an exception must not keep the port open
@@ -392,10 +427,10 @@ def _supervise(run, server, echo, show):
             _end_all(started.values())
             ranks.update(p.pid for p in ctx.processes)
         echoer.poll()
-        if not server.check([RESULT]):
+        if not (Path(run.box) / RESULT).exists():
             raise WorkerFailed(tr("Rank 0 finished without a result; end of its log:\n",
                                   "ランク 0 は結果を返さずに終了しました。ログの末尾:\n") + _tail(run.logs[0], offsets[0]))
-        return pickle.loads(server.get(RESULT))
+        return _load(run.box, RESULT)
     finally:
         spawn_log.setLevel(level)
         if was_subreaper is not None:
@@ -411,26 +446,30 @@ def _over_limit(run, offsets):
         "waits.) Give a larger limit, or look for a rank that never finishes. End of rank 0's log:\n",
         f"{how}。そのため、すべてのランクを停止しました（limit は実行全体の、timeout は 1回の集合通信が待つ時間の"
         "上限です）。limit を大きくするか、終わらないランクを探してください。ランク 0 のログの末尾:\n")
-        + _tail(run.logs[0], offsets[0]), cause=how)
+        + _tail(run.logs[0], offsets[0]), cause=how, limit=run.limit)
 
 
-def _record(store, rank, error):
-    """Note in the store how ``rank`` failed: (order among the failures, "Type: message", the course error or None)."""
+def _record(box, rank, error):
+    """Note in the run's folder how ``rank`` failed: (when, "Type: message", the course error or None). ``when`` is
+    the system's monotonic clock, which all processes of this machine share: it orders the failures."""
     course = error if isinstance(error, MparlibError) and not isinstance(error, WorkerFailed) else None
     summary = f"sys.exit({error.code!r})" if isinstance(error, SystemExit) else f"{type(error).__name__}: {error}"
-    store.set(f"mparlib/error{rank}", pickle.dumps((store.add(FAILURES, 1), summary, course)))
+    try:
+        _save(box, f"{ERROR}{rank}", (time.monotonic_ns(), summary, course))
+    except Exception:  # noqa: BLE001 - a course error that cannot be pickled still leaves its summary
+        _save(box, f"{ERROR}{rank}", (time.monotonic_ns(), summary, None))
 
 
 def _failure(processes, seen, server, run, offsets):
     """The error for a failed run: the course error that the rank that failed first raised, as it is; else
     :class:`WorkerFailed` naming that rank, how it failed, and the end of its log. ``seen``: the rank torch saw fail."""
-    records = {r: pickle.loads(server.get(f"mparlib/error{r}"))  # (order, "Type: message", course error or None)
-               for r in range(run.nproc) if server.check([f"mparlib/error{r}"])}
+    records = {r: record for r in range(run.nproc)  # (when, "Type: message", course error or None)
+               if (record := _load(run.box, f"{ERROR}{r}")) is not None}
     codes = [p.exitcode for p in processes]
     # A rank that ended without a record and before its function returned was ended at once (a signal, os._exit,
     # even with code 0): nothing can have failed before it. SIGTERM is how torch stopped the others.
     silent = [r for r, code in enumerate(codes) if code is not None and code != -signal.SIGTERM
-              and r not in records and not server.check([f"{DONE}{r}"])]
+              and r not in records and not (Path(run.box) / f"{DONE}{r}").exists()]
     first = silent[0] if silent else min(records, key=lambda r: records[r][0], default=seen)
     _, summary, course = records.get(first, (None, None, None))
     if course is not None:  # a clear message from the course: give it as it is

@@ -38,3 +38,13 @@ def failing_on_rank1(x):
 def starter(x):
     """The untouched starter."""
     raise NotImplementedError("99.1")
+
+
+def catches_every_exception(x):
+    """An answer that sleeps forever, swallowing the check's alarm and every other exception."""
+    import time
+    while True:
+        try:
+            time.sleep(1000)
+        except BaseException:  # noqa: BLE001 - the mistake this worker stands for
+            pass

@@ -199,3 +199,35 @@ def hand_started_group():
 
 if __name__ == "__main__":
     hand_started_group()
+
+
+def returns_after(seconds, value):
+    """Every rank waits ``seconds``, then rank 0 returns ``value`` (time for another process to write into the store)."""
+    time.sleep(seconds)
+    dist.barrier()
+    return value
+
+
+def fails_after(seconds, rank_that_fails=1):
+    """``rank_that_fails`` raises after ``seconds``; the others wait in a barrier for it."""
+    time.sleep(seconds)
+    if dist.get_rank() == rank_that_fails:
+        raise ValueError(f"rank {rank_that_fails} fails on purpose")
+    dist.barrier()
+
+
+def big_result(nbytes):
+    """Rank 0 returns a tensor of ``nbytes`` bytes (more than a TCPStore value may hold: 8 MiB)."""
+    return torch.arange(nbytes // 8, dtype=torch.float64)
+
+
+def catches_everything(seconds=1000):
+    """Sleeps forever, swallowing every exception and ignoring SIGTERM and SIGALRM: only SIGKILL ends it."""
+    import signal
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGALRM, signal.SIG_IGN)
+    while True:
+        try:
+            time.sleep(seconds)
+        except BaseException:  # noqa: BLE001 - the point of this worker
+            pass

@@ -272,6 +272,19 @@ def test_a_deadlocking_answer_ends_within_a_minute_naming_the_rank(name, waiting
     assert outcome.status == "wrong" and outcome.hint_key == "hang" and outcome.message.startswith(waiting)
 
 
+def test_an_answer_that_catches_the_alarm_is_ended_from_outside_at_the_stated_limit():
+    import torch
+
+    import exercise_workers as w
+
+    start = time.monotonic()
+    with pytest.raises(core.Stop) as stop:
+        core.run_ranks(w.catches_every_exception, 2, args=(torch.ones(3),), limit=5)
+    assert time.monotonic() - start < 5 + core.MARGIN + 10
+    outcome = stop.value.outcome
+    assert outcome.status == "wrong" and outcome.hint_key == "hang" and "still running 5 s" in outcome.message
+
+
 def test_an_error_on_one_rank_is_the_learners_error_naming_that_rank():
     import torch
 

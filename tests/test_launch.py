@@ -7,6 +7,7 @@ does (SIGKILL, SIGTERM, a restarted notebook kernel) and check that no rank outl
 import logging
 import multiprocessing
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -18,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from launch_workers import (course_error, course_error_at_once, echo_arguments, exits_early, failing, killed_mid_run,
+from launch_workers import (big_result, catches_everything, fails_after, returns_after, course_error, course_error_at_once, echo_arguments, exits_early, failing, killed_mid_run,
                             listening_addresses, rank_sum, returns_at_once, returns_unpicklable,
                             runs_forever_without_collectives, skips_collective, starts_children, forks_then_dies)
 from mparlib import launch, rendezvous
@@ -385,3 +386,92 @@ def test_a_group_started_by_hand_listens_on_loopback_only(tmp_path):
     assert got["sum"] == 3.0
     assert any(p == port for _, p in got["listening"]), got  # rank 0 serves the store itself
     assert {ip for ip, _ in got["listening"]} <= LOOPBACK, got
+
+
+# ------------------------------------------------------------------ another local process writing into the store
+class _RunsCode:
+    """A pickle that creates ``marker`` when it is unpickled."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return exec, (f"open({self.marker!r}, 'w').write('ran')",)
+
+
+def _write_into_store(port, marker, stop):
+    """Keep writing code-running pickles under every key a launcher ever read, as another local user could."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    payload = pickle.dumps(_RunsCode(marker))
+    record = pickle.dumps((0, "ValueError: forged", _RunsCode(marker)))
+    store = None
+    while store is None and not stop.is_set():
+        try:
+            store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=2))
+        except Exception:  # noqa: BLE001 - not listening yet
+            time.sleep(0.05)
+    while not stop.is_set():
+        try:
+            for key in ("mparlib/result", "result"):
+                store.set(key, payload)
+            for r in range(2):
+                for key in (f"mparlib/error{r}", f"error{r}"):
+                    store.set(key, record)
+        except Exception:  # noqa: BLE001 - the run is over and its store gone
+            return
+        time.sleep(0.02)
+
+
+def _beside_a_writer(tmp_path, run):
+    port, marker, stop = rendezvous.free_port(), tmp_path / "MARKER", threading.Event()
+    writer = threading.Thread(target=_write_into_store, args=(port, marker, stop), daemon=True)
+    writer.start()
+    try:
+        return run(port), marker
+    finally:
+        stop.set()
+        writer.join(10)
+
+
+def test_a_result_written_into_the_store_by_another_process_is_never_run_nor_returned(tmp_path):
+    got, marker = _beside_a_writer(tmp_path, lambda port: launch.launch(
+        returns_after, 2, args=(3.0, {"answer": 42}), port=port, echo=False))
+    assert got == {"answer": 42}
+    assert not marker.exists()
+
+
+def test_an_error_written_into_the_store_by_another_process_is_never_run_nor_reported(tmp_path):
+    def run(port):
+        with pytest.raises(WorkerFailed) as e:
+            launch.launch(fails_after, 2, args=(3.0, 1), port=port, echo=False, timeout=30)
+        return str(e.value)
+
+    message, marker = _beside_a_writer(tmp_path, run)
+    assert "rank 1 fails on purpose" in message and "forged" not in message
+    assert not marker.exists()
+
+
+def test_the_results_folder_is_private_and_gone_after_the_run():
+    import stat
+
+    before = set(Path(tempfile.gettempdir()).glob("mparlib-results-*"))
+    assert launch.launch(rank_sum, 2, echo=False) == 1
+    assert set(Path(tempfile.gettempdir()).glob("mparlib-results-*")) == before
+    with tempfile.TemporaryDirectory(prefix="mparlib-results-") as box:  # made as the launcher makes it
+        assert stat.S_IMODE(os.stat(box).st_mode) == 0o700
+
+
+@pytest.mark.parametrize("mib", [20, 100])
+def test_a_result_larger_than_a_store_value_comes_back_whole(mib):
+    got = launch.launch(big_result, 2, args=(mib << 20,), echo=False)
+    assert got.numel() == (mib << 20) // 8 and got[-1].item() == got.numel() - 1
+
+
+def test_the_limit_ends_ranks_that_catch_every_exception_and_ignore_signals():
+    start = time.monotonic()
+    with pytest.raises(WorkerFailed, match="limit=5 s"):
+        launch.launch(catches_everything, 2, echo=False, limit=5)
+    assert time.monotonic() - start < 5 + 10

@@ -508,13 +508,17 @@ def importable(fn):
     return module, name
 
 
+MARGIN = 10  # seconds past a check's limit after which run_ranks has the launcher kill every rank
+
+
 def run_ranks(fn, nproc, args=(), kwargs=None, *, reference=None, timeout=20, limit=45):
     """Run the learner's ``fn(*args, **kwargs)`` on ``nproc`` fresh processes (a fresh process group); return the
     list of :class:`RankResult`, or end the check (:class:`Stop`) when a rank failed or hung, naming the rank.
 
     ``reference``: a module-level function of the check run first on every rank with the same arguments (e.g.
     PyTorch's own collective). ``timeout`` bounds each collective; ``limit`` (seconds) the learner's code on a
-    rank. For check authors: see the package docstring.
+    rank: an alarm in the rank first, then, for code that catches or ignores it, the launcher kills every rank
+    ``MARGIN`` seconds later. For check authors: see the package docstring.
     """
     from ..launch import launch
 
@@ -524,8 +528,16 @@ def run_ranks(fn, nproc, args=(), kwargs=None, *, reference=None, timeout=20, li
     with tempfile.TemporaryDirectory(prefix="mparlib-check-") as folder:
         try:
             launch(rank_harness, nproc, args=(module, name, tuple(args), dict(kwargs or {}), reference, folder, limit),
-                   echo=False, timeout=timeout)
+                   echo=False, timeout=timeout, limit=limit + MARGIN)
         except WorkerFailed as e:
+            if e.limit is not None:  # the learner's code outlived the alarm (caught it, or ignored the signal)
+                raise Stop(wrong(tr(
+                    f"Your function was still running {limit:g} s after it started and did not stop when told to, so "
+                    f"every rank was ended at {limit + MARGIN:g} s. Look for a loop that never ends, or a wait that "
+                    "nothing wakes (and do not catch every exception around it).",
+                    f"あなたの関数は開始から {limit:g} 秒たっても実行中で、止めるよう伝えても止まらなかったので、"
+                    f"{limit + MARGIN:g} 秒の時点ですべてのランクを終了しました。終わらないループや、何も起こさない待ちを"
+                    "探してください（そのまわりですべての例外を捕まえないでください）。"), "hang")) from None
             raise Stop(Outcome("error", tr(f"A process ended abruptly ({e.cause or 'rank ' + str(e.rank)}):",
                                            f"プロセスが突然終了しました（{e.cause or 'ランク ' + str(e.rank)}）:"),
                                details=str(e))) from None
