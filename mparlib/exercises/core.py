@@ -9,8 +9,11 @@ so a new chapter needs no central list. A check function receives the learner's 
 reported as such, with its traceback, never as a wrong answer. Explained in 01_dataparallel.
 """
 import ast
+import contextlib
+import ctypes
 import importlib
 import inspect
+import io
 import math
 import os
 import pickle
@@ -19,7 +22,9 @@ import signal
 import sys
 import tempfile
 import textwrap
+import time
 import traceback
+import warnings
 from dataclasses import dataclass, field
 from html import escape
 from pathlib import Path
@@ -27,6 +32,7 @@ from pathlib import Path
 import torch
 
 from ..errors import ConfigError, MparlibError, WorkerFailed
+from ..files import atomic_write_bytes
 from ..lang import tr
 
 NUMBER = re.compile(r"^(\d\d)\.(\d+)$")
@@ -51,6 +57,12 @@ COMMON_MISTAKES = {
              "あるランクが、来ない相手を待ち続けました。集合通信はすべてのランクが同じ順序で呼ぶ必要があり、send には"
              "相手側の recv が対応していなければなりません。集合通信を囲む `if rank == ...` や、両方のランクが先に受信"
              "しようとしていないかを探してください。"),
+    "stuck": ("Your function did not return in time. Look for a loop whose condition never becomes false, a wait that "
+              "nothing ends, or far more work than the exercise asks for (and do not catch every exception around "
+              "it: the check ends the process that runs it all the same).",
+              "関数が時間内に戻りませんでした。条件がいつまでも偽にならないループ、何も終わらせない待ち、問題が求める"
+              "よりはるかに多い計算を探してください（そのまわりですべての例外を捕まえても、チェックは実行中のプロセスを"
+              "終了します）。"),
     "shape": ("The result has the wrong shape or type: compare what your function returns with what the exercise "
               "asks for.",
               "結果の形状か型が違います。関数が返すものと、問題が求めるものを比べてください。"),
@@ -66,6 +78,7 @@ class Exercise:
     mistakes: dict
     needs: str | None = None
     title: tuple | None = None
+    limit: float = 60.0
 
     def hint_text(self, level):
         """The hint of ``level`` (1 = where to look ... last = nearly the code), in the learner's language."""
@@ -81,12 +94,16 @@ REGISTRY = {}
 SHOWN = {}  # number -> the last hint level hint() showed
 
 
-def exercise(number, hints, mistakes=None, needs=None, title=None):
+LIMITS = {None: 60.0, "gpu": 60.0, "processes": 240.0}  # seconds a whole check may run, by what it needs
+
+
+def exercise(number, hints, mistakes=None, needs=None, title=None, limit=None):
     """Register the decorated function as the check of exercise ``number`` ("01.1"). For check authors: see the package docstring.
 
     ``hints``: two or more ``(en, ja)`` pairs, level 1 first (where to look), the last nearly the code, never the
     answer. ``mistakes``: ``{key: (en, ja)}``, the hint for each likely mistake a :func:`wrong` outcome can name.
     ``needs``: ``None``, ``"gpu"`` (else the outcome is "cannot run here") or ``"processes"`` (distributed).
+    ``limit``: seconds the whole check may run before its process is ended (default: :data:`LIMITS` by ``needs``).
     """
     if not (isinstance(number, str) and NUMBER.match(number)):
         raise ConfigError(f"exercise({number!r}): use a number like '01.1' (chapter.exercise).")
@@ -97,7 +114,8 @@ def exercise(number, hints, mistakes=None, needs=None, title=None):
         raise ConfigError(f"exercise({number!r}): needs={needs!r}; use one of {NEEDS}.")
 
     def register(fn):
-        REGISTRY[number] = Exercise(number, fn, list(hints), dict(mistakes or {}), needs, title)
+        REGISTRY[number] = Exercise(number, fn, list(hints), dict(mistakes or {}), needs, title,
+                                    float(limit or LIMITS[needs]))
         return fn
 
     return register
@@ -316,6 +334,14 @@ def decide(ex, answer, options):
                              "わけではありません。GPU のあるマシンでチェックしてください。"))
     if callable(answer) and is_starter(answer):
         return not_attempted()
+    if not killable():
+        return judge(ex, answer, options)
+    return judge_in_child(ex, answer, options)
+
+
+def judge(ex, answer, options):
+    """``ex``'s check function on ``answer``, in this process: its outcome, or "check failed" with the traceback
+    when the check itself broke."""
     try:
         try:
             outcome = ex.check(answer, **options)
@@ -331,6 +357,84 @@ def decide(ex, answer, options):
             "The check itself failed: this is not a verdict on your answer. Please report it with the text below.",
             "チェック自体が失敗しました。あなたの答えの判定ではありません。下の内容を添えて報告してください。"),
             details="".join(traceback.format_exception(e)))
+
+
+def killable():
+    """True where a check can run in a forked copy of this process, which the kernel ends at the check's limit: on
+    Linux, before this process has used CUDA (a forked child cannot use CUDA its parent initialised). Elsewhere
+    the check runs in the kernel itself, unbounded."""
+    return sys.platform.startswith("linux") and not torch.cuda.is_initialized()
+
+
+def judge_in_child(ex, answer, options):
+    """:func:`judge` in a forked copy of this process, ended (with everything it started) at ``ex.limit`` seconds,
+    whatever the learner's code catches or ignores; what it printed is printed here."""
+    with tempfile.TemporaryDirectory(prefix="mparlib-check-") as box:  # private (0700): only the child writes here
+        with warnings.catch_warnings():  # Python 3.12 warns that forking a threaded process may deadlock: the child
+            warnings.simplefilter("ignore", DeprecationWarning)  # runs one thread and ends by os._exit
+            pid = os.fork()
+        if pid == 0:
+            child(ex, answer, options, box)  # never returns
+        with contextlib.suppress(OSError):
+            os.setpgid(pid, pid)  # (the child does the same: whichever runs first)
+        ended, code = False, None
+        try:
+            ended = wait_for(pid, time.monotonic() + ex.limit)
+        finally:
+            with contextlib.suppress(OSError):
+                os.killpg(pid, signal.SIGKILL)  # the child and whatever it started; the child, not yet reaped,
+            with contextlib.suppress(ChildProcessError):  # keeps its group's number from being reused
+                code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+        if not ended:
+            return wrong(tr(f"Your function was still running {ex.limit:g} s after the check started, so the check "
+                            "ended it.",
+                            f"チェックの開始から {ex.limit:g} 秒たっても関数が実行中だったので、チェックが終了させ"
+                            "ました。"), "stuck")
+        path = Path(box) / "outcome.pkl"
+        saved = pickle.loads(path.read_bytes()) if path.exists() else None
+    if saved is None:
+        how = tr(f"signal {-code}", f"シグナル {-code}") if code and code < 0 else tr(f"exit code {code}",
+                                                                                      f"終了コード {code}")
+        return Outcome("error", tr(f"Your code ended the process that ran the check ({how}): do not call sys.exit, "
+                                   "os._exit or anything that ends Python inside the function.",
+                                   f"あなたのコードが、チェックを実行していたプロセスを終了させました（{how}）。関数の"
+                                   "中で sys.exit や os._exit など Python を終わらせるものを呼ばないでください。"))
+    outcome, printed = saved
+    if printed:
+        print(printed, end="" if printed.endswith("\n") else "\n")
+    return outcome
+
+
+def wait_for(pid, deadline):
+    """``True`` once child ``pid`` has ended (left unreaped), or ``None`` if it is still running at ``deadline``."""
+    while os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.02)
+    return True
+
+
+def child(ex, answer, options, box):
+    """The forked child's whole life: judge, save the outcome and what was printed, end by ``os._exit``."""
+    code = 1
+    try:
+        os.setpgid(0, 0)
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: the kernel gone, the check goes too
+        torch.set_num_threads(1)  # OpenMP's threads do not survive a fork: a child that used them would hang
+        printed = io.StringIO()
+        sys.stdout = sys.stderr = printed
+        try:
+            outcome = judge(ex, answer, options)
+        except (SystemExit, KeyboardInterrupt):
+            outcome = Outcome("error", tr(
+                "Your code ended the process that ran the check (SystemExit): do not call sys.exit or exit() inside "
+                "the function.", "あなたのコードが、チェックを実行していたプロセスを終了させようとしました"
+                "（SystemExit）。関数の中で sys.exit や exit() を呼ばないでください。"))
+        atomic_write_bytes(Path(box) / "outcome.pkl", pickle.dumps((outcome, printed.getvalue())))
+        code = 0
+    finally:
+        os._exit(code)
 
 
 def hint(number, level=None):
@@ -537,7 +641,7 @@ def run_ranks(fn, nproc, args=(), kwargs=None, *, reference=None, timeout=20, li
                     "nothing wakes (and do not catch every exception around it).",
                     f"あなたの関数は開始から {limit:g} 秒たっても実行中で、止めるよう伝えても止まらなかったので、"
                     f"{limit + MARGIN:g} 秒の時点ですべてのランクを終了しました。終わらないループや、何も起こさない待ちを"
-                    "探してください（そのまわりですべての例外を捕まえないでください）。"), "hang")) from None
+                    "探してください（そのまわりですべての例外を捕まえないでください）。"), "stuck")) from None
             raise Stop(Outcome("error", tr(f"A process ended abruptly ({e.cause or 'rank ' + str(e.rank)}):",
                                            f"プロセスが突然終了しました（{e.cause or 'ランク ' + str(e.rank)}）:"),
                                details=str(e))) from None
