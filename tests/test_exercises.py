@@ -344,6 +344,20 @@ def test_an_answer_that_ends_python_is_an_error_and_the_kernel_lives_on(scratch_
     assert outcome.status == "error" and said in outcome.message
 
 
+def crashes_the_first_time(marker):
+    if not marker.exists():
+        marker.touch()
+        os.kill(os.getpid(), signal.SIGSEGV)
+    return 42
+
+
+def test_a_copy_that_crashes_once_is_forked_again_and_one_that_always_crashes_is_an_error(scratch_exercise, tmp_path):
+    number = scratch_exercise(lambda a: core.right() if core.call(a, tmp_path / "crashed") == 42 else core.wrong("no"))
+    assert check(number, crashes_the_first_time).status == "right" and (tmp_path / "crashed").exists()
+    outcome = check(number, lambda marker: os.kill(os.getpid(), signal.SIGSEGV))
+    assert outcome.status == "error" and f"signal {int(signal.SIGSEGV)}" in outcome.message
+
+
 def test_what_a_checked_answer_prints_is_shown_and_its_value_judged(scratch_exercise, capsys):
     def answer(x):
         print("looking at", x)

@@ -54,8 +54,10 @@ def test_every_layout_on_8_ranks_trains_like_one_process_and_counts_its_memory()
     tensors = len(list(model.parameters()))
     dp = report["layouts"][0]["memory"]["parts"]  # dp 8 keeps the whole training state on every rank
     assert dp["params"] == 4 * n and dp["optimizer"] == 8 * n + 4 * tensors  # Adam: 2 moments + a float32 step
-    fsdp = report["layouts"][1]["memory"]["parts"]  # FSDP keeps about an eighth of Adam's state: its shards
-    assert abs(fsdp["optimizer"] - 4 * tensors - 8 * n / 8) < 0.05 * n  # dim-0 chunks differ a little between ranks
+    fsdp = report["layouts"][1]["memory"]["parts"]  # FSDP keeps Adam's state of its shards alone: dim-0 chunks,
+    shards = [sum(c[r].numel() if r < len(c) else 0 for c in (torch.chunk(p, 8) for p in model.parameters()))
+              for r in range(8)]  # a little larger on the first ranks; the largest peak may be on any rank
+    assert fsdp["optimizer"] in {4 * tensors + 8 * s for s in shards} and max(shards) < 1.1 * n / 8
     for r in (report["layouts"][0], report["layouts"][4]):  # no tensor parallelism: the same operators each step
         assert r["memory"]["per_rank"] == r["memory"]["repeated"]
 

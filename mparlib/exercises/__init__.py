@@ -13,7 +13,7 @@ and the hint for the likely mistake), error (your exception and its traceback), 
 GPU), or "the check itself failed" (a fault of the check, with its traceback: never a verdict on your answer).
 
 A check runs in a copy of the kernel's process (a fork) that is ended, with every process it started, when the
-exercise's time limit has passed (60 s, 240 s for exercises on several processes): an answer that loops forever,
+exercise's time limit has passed (30 s, 240 s for exercises on several processes): an answer that loops forever,
 catches every exception or ignores signals becomes a wrong outcome, and the kernel stays usable. What the answer
 prints is shown after the check. Off Linux, and in a kernel that has already used CUDA (a fork cannot use it), the
 check runs in the kernel itself, with no time limit.

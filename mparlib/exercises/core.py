@@ -78,7 +78,7 @@ class Exercise:
     mistakes: dict
     needs: str | None = None
     title: tuple | None = None
-    limit: float = 60.0
+    limit: float = 30.0
 
     def hint_text(self, level):
         """The hint of ``level`` (1 = where to look ... last = nearly the code), in the learner's language."""
@@ -94,7 +94,7 @@ REGISTRY = {}
 SHOWN = {}  # number -> the last hint level hint() showed
 
 
-LIMITS = {None: 60.0, "gpu": 60.0, "processes": 240.0}  # seconds a whole check may run, by what it needs
+LIMITS = {None: 30.0, "gpu": 30.0, "processes": 240.0}  # seconds a whole check may run (about 10x its longest here)
 
 
 def exercise(number, hints, mistakes=None, needs=None, title=None, limit=None):
@@ -366,35 +366,28 @@ def killable():
     return sys.platform.startswith("linux") and not torch.cuda.is_initialized()
 
 
+CRASHES = {signal.SIGSEGV, signal.SIGBUS, signal.SIGABRT, signal.SIGILL, signal.SIGFPE}
+
+
 def judge_in_child(ex, answer, options):
     """:func:`judge` in a forked copy of this process, ended (with everything it started) at ``ex.limit`` seconds,
-    whatever the learner's code catches or ignores; what it printed is printed here."""
-    with tempfile.TemporaryDirectory(prefix="mparlib-check-") as box:  # private (0700): only the child writes here
-        with warnings.catch_warnings():  # Python 3.12 warns that forking a threaded process may deadlock: the child
-            warnings.simplefilter("ignore", DeprecationWarning)  # runs one thread and ends by os._exit
-            pid = os.fork()
-        if pid == 0:
-            child(ex, answer, options, box)  # never returns
-        with contextlib.suppress(OSError):
-            os.setpgid(pid, pid)  # (the child does the same: whichever runs first)
-        ended, code = False, None
-        try:
-            ended = wait_for(pid, time.monotonic() + ex.limit)
-        finally:
-            with contextlib.suppress(OSError):
-                os.killpg(pid, signal.SIGKILL)  # the child and whatever it started; the child, not yet reaped,
-            with contextlib.suppress(ChildProcessError):  # keeps its group's number from being reused
-                code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
-        if not ended:
-            return wrong(tr(f"Your function was still running {ex.limit:g} s after the check started, so the check "
-                            "ended it.",
-                            f"チェックの開始から {ex.limit:g} 秒たっても関数が実行中だったので、チェックが終了させ"
-                            "ました。"), "stuck")
-        path = Path(box) / "outcome.pkl"
-        saved = pickle.loads(path.read_bytes()) if path.exists() else None
+    whatever the learner's code catches or ignores; what it printed is printed here.
+
+    A copy that crashes (a signal such as SIGSEGV) is forked once more within the same limit: native libraries do
+    not all survive a fork of a process whose threads used them (seen once: MKL in threads of ``parallel_apply``).
+    """
+    deadline = time.monotonic() + ex.limit
+    for _ in range(2):
+        saved, code = judge_once(ex, answer, options, deadline)
+        if saved is not None or code is None or -code not in CRASHES:
+            break
+    if saved is None and code is None:
+        return wrong(tr(f"Your function was still running {ex.limit:g} s after the check started, so the check "
+                        "ended it.",
+                        f"チェックの開始から {ex.limit:g} 秒たっても関数が実行中だったので、チェックが終了させ"
+                        "ました。"), "stuck")
     if saved is None:
-        how = tr(f"signal {-code}", f"シグナル {-code}") if code and code < 0 else tr(f"exit code {code}",
-                                                                                      f"終了コード {code}")
+        how = tr(f"signal {-code}", f"シグナル {-code}") if code < 0 else tr(f"exit code {code}", f"終了コード {code}")
         return Outcome("error", tr(f"Your code ended the process that ran the check ({how}): do not call sys.exit, "
                                    "os._exit or anything that ends Python inside the function.",
                                    f"あなたのコードが、チェックを実行していたプロセスを終了させました（{how}）。関数の"
@@ -403,6 +396,31 @@ def judge_in_child(ex, answer, options):
     if printed:
         print(printed, end="" if printed.endswith("\n") else "\n")
     return outcome
+
+
+def judge_once(ex, answer, options, deadline):
+    """One forked copy judging: ``(saved outcome and printed text, None)``; ``(None, exit code)`` when it ended
+    without an outcome (negative: the signal); ``(None, None)`` when it was still running at ``deadline``."""
+    with tempfile.TemporaryDirectory(prefix="mparlib-check-") as box:  # private (0700): only the child writes here
+        with warnings.catch_warnings():  # Python 3.12 warns that forking a threaded process may deadlock: the child
+            warnings.simplefilter("ignore", DeprecationWarning)  # runs one thread and ends by os._exit
+            pid = os.fork()
+        if pid == 0:
+            child(ex, answer, options, box)  # never returns
+        with contextlib.suppress(OSError):
+            os.setpgid(pid, pid)  # (the child does the same: whichever runs first)
+        ended, code = False, 0
+        try:
+            ended = wait_for(pid, deadline)
+        finally:
+            with contextlib.suppress(OSError):
+                os.killpg(pid, signal.SIGKILL)  # the child and whatever it started; the child, not yet reaped,
+            with contextlib.suppress(ChildProcessError):  # keeps its group's number from being reused
+                code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+        if not ended:
+            return None, None
+        path = Path(box) / "outcome.pkl"
+        return (pickle.loads(path.read_bytes()), None) if path.exists() else (None, code)
 
 
 def wait_for(pid, deadline):
