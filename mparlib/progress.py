@@ -22,7 +22,7 @@ def quiet():
 
 
 def progress_bar(iterable, total=None, desc=None, enabled=None, unit="batch"):
-    """A tqdm bar over ``iterable``, or ``None`` when none should show. Explained in 00_setup.
+    """``iterable`` with a tqdm bar that counts its items, or ``None`` when none should show. Explained in 00_setup.
 
     ``enabled=None`` shows it in a terminal, or in Jupyter when ipywidgets is installed (tqdm draws a widget there),
     and never when :func:`quiet`. Without ipywidgets a kernel gets the text bar.
@@ -38,4 +38,22 @@ def progress_bar(iterable, total=None, desc=None, enabled=None, unit="batch"):
         from tqdm.auto import tqdm
     else:  # a text bar; also in a kernel without ipywidgets, where tqdm.auto would fail
         from tqdm.std import tqdm
-    return tqdm(iterable, total=total, desc=desc, leave=False, unit=unit, file=sys.stderr)
+    # The bar only counts: it never iterates ``iterable`` itself. tqdm.auto's bar calls iter() on its iterable when
+    # it is made and again when it is looped over, which for a DataLoader starts its workers twice and draws the
+    # shuffle of the next epoch, so a run with the bar trained on other batches than the same run without it.
+    return _Counted(iterable, tqdm(total=total, desc=desc, leave=False, unit=unit, file=sys.stderr))
+
+
+class _Counted:
+    """``iterable`` looped over once, ``bar`` advanced by one per item; ``close()`` closes the bar."""
+
+    def __init__(self, iterable, bar):
+        self.iterable, self.bar = iterable, bar
+
+    def __iter__(self):
+        for item in self.iterable:
+            yield item
+            self.bar.update(1)
+
+    def close(self):
+        self.bar.close()

@@ -531,6 +531,40 @@ def test_progress_bar_when_asked(capsys):
     assert capsys.readouterr().err == ""
 
 
+class CountsIter:
+    """Batches of ``synthetic``; counts how often it is iterated, reshuffling its batches each time (as a
+    DataLoader with a shuffling sampler does)."""
+
+    def __init__(self, batches):
+        self.batches, self.iters = batches, 0
+
+    def __len__(self):
+        return len(self.batches)
+
+    def __iter__(self):
+        self.iters += 1
+        order = torch.randperm(len(self.batches), generator=torch.Generator().manual_seed(self.iters))
+        return iter([self.batches[i] for i in order])
+
+
+@pytest.mark.parametrize("widgets", [True, False])
+def test_a_progress_bar_iterates_the_data_once_and_changes_nothing(monkeypatch, widgets, capsys):
+    # tqdm.auto's bar (Jupyter with ipywidgets) calls iter() on what it wraps when it is made: a DataLoader would
+    # start its workers twice and train on the next epoch's shuffle. The course's bar only counts.
+    import mparlib.progress as progress
+
+    monkeypatch.setattr(progress, "in_kernel", lambda: widgets)
+    histories, seen = [], []
+    for shown in (True, False):
+        torch.manual_seed(0)
+        train_iter = CountsIter(synthetic(64, 16, 1))
+        histories.append(T.train(tiny_cnn(), CPU, batch_size=16, lr=0.1, num_epochs=2, verbose=False, animator=False,
+                                 data=(train_iter, synthetic(32, 16, 2)), progress=shown))
+        seen.append(train_iter.iters)
+    assert seen == [2, 2]  # once per epoch, with the bar and without
+    assert histories[0].train_loss == histories[1].train_loss and histories[0].test_acc == histories[1].test_acc
+
+
 # --- simulated devices: the CPU listed several times ---------------------------------------------------------
 
 class Recorder(nn.Module):
