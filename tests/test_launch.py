@@ -301,7 +301,10 @@ def test_a_child_started_just_before_its_rank_is_killed_does_not_outlive_the_run
 
 
 def test_an_interrupted_launch_stops_every_rank_itself(tmp_path, child_env):
-    script = ("import sys, time; from launch_workers import sleeper; from mparlib.launch import launch\n"
+    # Python raises KeyboardInterrupt only where SIGINT is not ignored at its start, and a shell ignores it in
+    # what it starts in the background (`make test &`): the child asks for the handler itself, as a kernel does.
+    script = ("import signal, sys, time; from launch_workers import sleeper; from mparlib.launch import launch\n"
+              "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
               "try:\n    launch(sleeper, 2, args=(sys.argv[1],))\nexcept KeyboardInterrupt:\n"
               "    print('interrupted', flush=True)\n    time.sleep(60)\n")
     proc = subprocess.Popen([sys.executable, "-c", script, str(tmp_path)], env=child_env(TESTS),
