@@ -7,7 +7,7 @@ HOST   ?= 127.0.0.1
 PORT   ?= 8888
 PYTEST_ARGS ?=
 
-.PHONY: lab test install notebooks check-notebooks book serve-book bench clean-book
+.PHONY: lab test test-quick install notebooks check-notebooks book serve-book bench clean-book
 
 # (Re)install only when the venv is new or pyproject.toml changed: a second `make` installs nothing.
 $(STAMP): pyproject.toml
@@ -29,6 +29,12 @@ lab: $(STAMP)
 # Unit tests, the browser tests, and nbval over every stored notebook in both languages.
 test: $(STAMP)
 	$(PY) -m pytest --nbval --nbval-current-env --nbval-sanitize-with tests/sanitize.cfg -p no:cacheprovider $(PYTEST_ARGS)
+
+# The inner loop: the unit tests without nbval, the browsers and the tests marked slow (multi-process runs and
+# anything else over a few seconds). `make test` stays the whole suite and is what CI runs.
+QUICK_MARKS ?= not slow and not e2e and not browser and not gpu
+test-quick: $(STAMP)
+	$(PY) -m pytest -p no:cacheprovider -m '$(QUICK_MARKS)' tests $(PYTEST_ARGS)
 
 # Rebuild the notebooks from notebooks/src and execute them (NAMES="01_dataparallel" for one chapter).
 notebooks: $(STAMP)

@@ -396,6 +396,7 @@ def test_bad_notebook_on_the_command_line_is_one_error_line(tmp_path):
     assert run.stderr.startswith(f"error: {bad}: cells[0].source is a number"), run.stderr
 
 
+@pytest.mark.slow
 def test_a_bad_notebook_stops_the_build_before_the_site_is_touched(tmp_path):
     nbdir = make_tiny_notebooks(tmp_path)
     site = tmp_path / "site"
@@ -511,6 +512,7 @@ def test_book_toml_builds_on_its_own(tmp_path):
     assert "<title>The math of averaging - " + book.settings()["title-en"] in page
 
 
+@pytest.mark.slow
 def test_tiny_site(tiny_site):
     check_site(tiny_site["out"], tiny_site["pages"])
     assert tiny_site["pages"] == {"en": ["00_intro", "01_math"], "ja": ["00_intro", "01_math"]}
@@ -530,6 +532,7 @@ def test_tiny_site_pages(tiny_site):
     assert 'href="01_math.html"' in (site / "ja" / "00_intro.html").read_text(encoding="utf-8")
 
 
+@pytest.mark.slow
 def test_site_url_goes_into_404(tmp_path):
     nbdir = make_tiny_notebooks(tmp_path)
     result = book.build(notebooks=nbdir, out=tmp_path / "site", stage_dir=tmp_path / "stage",
@@ -569,6 +572,7 @@ def test_build_without_notebooks_says_how_to_make_them(tmp_path):
         book.build(notebooks=tmp_path, out=tmp_path / "site", stage_dir=tmp_path / "stage", log=lambda *a: None)
 
 
+@pytest.mark.slow
 def test_real_site(real_site):
     """Every stored notebook is a page in both books, and the whole site holds together."""
     assert real_site["pages"] == real_site["found"]
@@ -679,6 +683,7 @@ def _javascript_url(value):
     return re.sub(r"[\x00-\x20]", "", html.unescape(value or "")).lower().startswith(("javascript:", "vbscript:"))
 
 
+@pytest.mark.slow
 def test_hostile_notebook_runs_nothing_in_the_built_site(hostile_site, tiny_site):
     site = hostile_site["out"]
     for path in site.rglob("*"):

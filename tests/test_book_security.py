@@ -254,6 +254,7 @@ def test_an_output_over_the_limit_is_refused_naming_its_cell(tmp_path):
 
 # --- 7: a failed build leaves the last good site as it was -----------------------------------------------------
 
+@pytest.mark.slow
 def test_a_build_that_fails_late_leaves_the_last_site_whole(tmp_path, monkeypatch):
     nbdir = make_tiny_notebooks(tmp_path)
     site = tmp_path / "site"

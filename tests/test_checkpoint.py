@@ -240,6 +240,7 @@ def test_the_next_save_removes_a_dead_writers_temporary_file_and_keeps_a_live_on
     assert load_checkpoint(net(), path) == {"epoch": 1}
 
 
+@pytest.mark.slow
 def test_a_killed_save_leaves_the_previous_file_and_the_leftover_goes_next_time(tmp_path, child_env):
     path = tmp_path / "c.pt"
     save_checkpoint(net(), path, epoch=1)

@@ -339,6 +339,7 @@ def _check_refusals(gathered, k):
         assert messages["still in step"] == [float(sum(range(k)))] * 3
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("k", [1, 2, 3, 4])
 def test_ring_equals_all_reduce_and_the_figure_of_each_collective_is_true(k):
     result = launch(both, k, args=(k,), backend="gloo", echo=False, timeout=120)

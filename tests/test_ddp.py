@@ -74,6 +74,7 @@ def uninterrupted(tmp_path_factory):
 
 # ------------------------------------------------------------------------------------------------ correctness
 
+@pytest.mark.slow
 def test_one_ddp_step_on_batch_halves_equals_one_full_batch_step():
     g = torch.Generator().manual_seed(1)
     x, y = torch.rand(16, 1, 28, 28, generator=g), torch.randint(0, 10, (16,), generator=g)
@@ -89,6 +90,7 @@ def test_one_ddp_step_on_batch_halves_equals_one_full_batch_step():
     assert max_diff(got, before) > 1e-3  # the step really changed the parameters
 
 
+@pytest.mark.slow
 def test_two_process_run_equals_one_process_training(uninterrupted):
     out, stdout = uninterrupted
     ckpt = torch.load(out / "checkpoint.pt", map_location="cpu", weights_only=True)
@@ -118,6 +120,7 @@ def test_resume_after_a_kill_reaches_the_uninterrupted_parameters(uninterrupted,
     assert max_diff(params_of(tmp_path / "checkpoint.pt"), params_of(uninterrupted[0] / "checkpoint.pt")) < 1e-7
 
 
+@pytest.mark.slow
 def test_resume_refuses_changed_settings(uninterrupted, tmp_path, capsys):
     out = uninterrupted[0]
     changed = [a if a != "0.2" else "0.3" for a in CLI]  # another learning rate
@@ -232,6 +235,7 @@ def test_worker_defined_in_a_notebook_is_refused():
         launch.launch(main_worker, 2)
 
 
+@pytest.mark.slow
 def test_out_folder_is_never_overwritten(uninterrupted, tmp_path, capsys):
     before = (uninterrupted[0] / "checkpoint.pt").read_bytes()
     assert ddp.main(["--nproc", "2", *CLI, "--out", str(uninterrupted[0])]) == 2
@@ -271,6 +275,7 @@ def test_too_many_processes_for_the_cpu_are_refused(tmp_path, capsys):
     assert f"{many} processes on" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_a_diverging_run_stops_at_the_first_bad_epoch_and_keeps_the_last_good_checkpoint(tmp_path):
     launch.launch(train_worker, 2, args=(DDPConfig(**{**RUN, "epochs": 1}, out=str(tmp_path)),), echo=False)
     ckpt = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
@@ -284,6 +289,7 @@ def test_a_diverging_run_stops_at_the_first_bad_epoch_and_keeps_the_last_good_ch
     assert (tmp_path / "checkpoint.pt").read_bytes() == patched  # epoch 1's checkpoint, not overwritten
 
 
+@pytest.mark.slow
 def test_a_run_that_diverges_at_once_says_no_checkpoint_was_written(tmp_path, capsys):
     argv = ["--nproc", "2", *CLI, "--out", str(tmp_path)]
     argv[argv.index("--lr") + 1] = "1e38"
@@ -307,6 +313,7 @@ def test_resume_from_another_programs_checkpoint_is_a_clear_error(tmp_path, caps
     assert "was not written by a mparlib.ddp training run" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_a_second_run_in_the_same_folder_is_refused_naming_the_first(tmp_path):
     busy = [*CLI, "--epochs", "200", "--subset", "6000,600"]  # long enough to be running when the second starts
     first = subprocess.Popen([PY, "-m", "mparlib.ddp", "--nproc", "2", *busy, "--out", str(tmp_path)],
@@ -346,6 +353,7 @@ def test_the_ddp_resnet18_takes_the_course_width(tmp_path, capsys):
         check_run(DDPConfig(model="resnet18", width=0), 2, "gloo")
 
 
+@pytest.mark.slow
 def test_resume_checks_the_width_and_reads_checkpoints_written_before_it_existed(uninterrupted, tmp_path):
     ckpt = torch.load(uninterrupted[0] / "checkpoint.pt", map_location="cpu", weights_only=True)
     assert ckpt["config"]["width"] == 64
@@ -375,6 +383,7 @@ def test_one_definition_of_the_chapter_experiment_for_the_notebook_and_the_comma
 
 # ------------------------------------------------------------------------------------------------ nothing left behind
 
+@pytest.mark.slow
 def test_main_leaves_no_handler_or_variable_behind_so_a_later_run_still_takes_the_lock(tmp_path, capsys):
     handler, environ = signal.getsignal(signal.SIGTERM), dict(os.environ)
     argv = ["--nproc", "2", "--model", "mlp", "--subset", "256,64", "--no-plot", "--out", str(tmp_path)]
@@ -403,6 +412,7 @@ def test_throughput_does_not_reseed_the_global_random_state():
     assert after[0] != after[1]  # the state still comes from the seed chosen here
 
 
+@pytest.mark.slow
 def test_ddp_throughput_comes_from_the_median_of_the_slowest_ranks_steps():
     r = launch.launch(throughput.ddp_worker, 2, args=("mlp",), kwargs=dict(per_rank_batch=4, steps=5, warmup=1),
                       echo=False, timeout=120)

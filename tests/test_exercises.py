@@ -101,6 +101,7 @@ def test_every_chapter_after_the_setup_has_at_least_three_exercises():
         assert sum(n.startswith(chapter + ".") for n in EXERCISES) >= 3, chapter
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("chapter", CHAPTERS)
 def test_every_check_accepts_its_solution(chapter):
     answers = solutions(chapter)
@@ -122,6 +123,7 @@ def test_every_shipped_starter_is_not_attempted(chapter, tmp_module):
         assert outcome.hint == EXERCISES[number].hint_text(1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("chapter", CHAPTERS)
 def test_every_planted_wrong_answer_is_rejected_with_its_hint(chapter):
     cases = planted(chapter)
@@ -251,6 +253,7 @@ def test_unknown_numbers_are_refused_with_the_format_to_use():
 
 
 # ---- Fresh processes ------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_ranks_run_the_learners_function_beside_the_reference():
     import torch
 
@@ -262,6 +265,7 @@ def test_ranks_run_the_learners_function_beside_the_reference():
         assert r.error is None and torch.equal(r.value, r.reference) and torch.equal(r.value, torch.full((3,), 3.0))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, waiting", [("skipping_sum", "Rank 0"), ("both_receive", "Rank 0")])
 def test_a_deadlocking_answer_ends_within_a_minute_naming_the_rank(name, waiting):
     import torch
@@ -276,6 +280,7 @@ def test_a_deadlocking_answer_ends_within_a_minute_naming_the_rank(name, waiting
     assert outcome.status == "wrong" and outcome.hint_key == "hang" and outcome.message.startswith(waiting)
 
 
+@pytest.mark.slow
 def test_an_answer_that_catches_the_alarm_is_ended_from_outside_at_the_stated_limit():
     import torch
 
@@ -317,6 +322,7 @@ def gone(pid):
         return True
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("answer", [never_returns, catches_and_ignores_everything])
 def test_a_single_process_answer_that_does_not_return_is_ended_at_the_stated_limit(scratch_exercise, answer):
     number = scratch_exercise(lambda a: core.call(a) or core.right(), limit=3)
@@ -327,6 +333,7 @@ def test_a_single_process_answer_that_does_not_return_is_ended_at_the_stated_lim
     assert "still running 3 s after the check started" in outcome.message
 
 
+@pytest.mark.slow
 def test_a_single_process_answer_leaves_no_process_behind(scratch_exercise, tmp_path):
     pid_file = tmp_path / "pid"
     number = scratch_exercise(lambda a: core.call(a, pid_file) or core.right(), limit=3)
@@ -375,6 +382,7 @@ def test_where_cuda_is_in_use_the_check_runs_in_this_process(scratch_exercise, m
     assert check(number, lambda: 1).status == "right" and pids == [os.getpid()]
 
 
+@pytest.mark.slow
 def test_an_error_on_one_rank_is_the_learners_error_naming_that_rank():
     import torch
 
@@ -436,6 +444,7 @@ def build_book(tmp_path, solutions):
     return root / "site"
 
 
+@pytest.mark.slow
 def test_the_book_shows_hints_and_leaves_solutions_out_unless_book_toml_asks(tmp_path):
     for solutions in (False, True):
         site = build_book(tmp_path, solutions)

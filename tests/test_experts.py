@@ -56,6 +56,7 @@ def test_an_even_router_has_balancing_loss_one_and_top2_gates_sum_to_one():
     assert ep.capacity(12, 8, 2, 0.5) == 2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("nproc", [2, 4])
 def test_expert_parallel_layer_matches_one_process_and_its_bytes_are_predicted(nproc):
     report = launch(layer_checks, nproc, echo=False, timeout=300)
@@ -74,6 +75,7 @@ def test_expert_parallel_layer_matches_one_process_and_its_bytes_are_predicted(n
     assert report["no drops"]["dropped"] == 0 and report["drops"]["dropped"] > 0
 
 
+@pytest.mark.slow
 def test_moe_vit_on_two_ranks_trains_like_one_process():
     gen = torch.Generator().manual_seed(1)
     images = torch.rand(3, 8, 1, 28, 28, generator=gen)

@@ -193,6 +193,7 @@ def test_settings_resolve_for_the_cpu_and_refuse_bad_values(monkeypatch):
         fastpath.FastPath(cuda_graphs=True).resolve("cpu")
 
 
+@pytest.mark.slow
 @needs_real
 def test_fast_path_keeps_accuracy_on_fashion_mnist():
     """Same network, data, batches and epochs: the fast path's test accuracy is not below the classic loop's."""

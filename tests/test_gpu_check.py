@@ -78,6 +78,7 @@ def alive(pid):
     return "\nState:\tZ" not in state  # a zombie has ended; only its parent has not collected it
 
 
+@pytest.mark.slow
 def test_without_cuda_it_stops_before_installing_or_running_anything(tmp_path):
     wheels = tmp_path / "wheels"
     wheels.mkdir()
@@ -231,6 +232,7 @@ def test_each_benchmark_step_uses_a_script_and_flags_that_exist():
             assert f'"{value}"' in source, (name, value)
 
 
+@pytest.mark.slow
 def test_a_pytest_step_stopped_at_its_box_keeps_the_junit_xml_of_what_it_finished(tmp_path):
     (tmp_path / "test_probe.py").write_text("import time\n\n\ndef test_quick():\n    pass\n\n\n"
                                              "def test_slow():\n    time.sleep(120)\n")

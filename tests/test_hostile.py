@@ -215,6 +215,7 @@ def test_an_unknown_language_never_hides_the_error_being_reported(monkeypatch):
             finite_float(float("nan"), "lr", 0.1, "train")
 
 
+@pytest.mark.slow
 def test_a_multiprocessing_queue_still_reaches_the_ranks():
     import multiprocessing
 

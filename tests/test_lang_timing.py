@@ -260,6 +260,7 @@ def test_measure_each_interleaves_rounds_until_both_minimums_are_reached():
         measure_each([lambda: None])
 
 
+@pytest.mark.slow
 def test_slowest_rank_is_the_elementwise_maximum_over_real_ranks():
     from mparlib.launch import launch
     from mparlib.timing import slowest_rank
@@ -273,6 +274,7 @@ def test_slowest_rank_is_the_elementwise_maximum_over_real_ranks():
         slowest_rank([1.0])
 
 
+@pytest.mark.slow
 def test_measure_with_slowest_rank_gives_every_rank_the_slowest_time_of_each_call():
     from mparlib.launch import launch
     from timing_workers import timed_sleeps

@@ -29,18 +29,21 @@ TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
 
 
+@pytest.mark.slow
 def test_every_rank_takes_part_and_rank_0s_result_comes_back(capsys):
     assert launch.launch(rank_sum, 3, args=(10,)) == 0 + 1 + 2 + 3 * 10
     out = capsys.readouterr().out
     assert out.splitlines() == ["rank 0: sum 33"]  # rank 0's lines are echoed; the others stay in their logs
 
 
+@pytest.mark.slow
 def test_launcher_options_never_shadow_the_workers_arguments():
     got = launch.launch(echo_arguments, 2, args=(1, "two"), kwargs={"port": 5, "backend": "mine", "echo": "x"},
                         echo=False)
     assert got == {"args": (1, "two"), "kwargs": {"port": 5, "backend": "mine", "echo": "x"}, "rank": 0, "world": 2}
 
 
+@pytest.mark.slow
 def test_logs_are_kept_per_rank_and_appended(tmp_path):
     for _ in range(2):
         launch.launch(rank_sum, 2, log_dir=tmp_path, echo=False)
@@ -60,6 +63,7 @@ def test_a_log_that_leads_elsewhere_is_refused_and_left_alone(tmp_path, kind):
     assert target.read_text() == "mine\n"
 
 
+@pytest.mark.slow
 def test_a_failing_rank_is_named_with_the_end_of_its_log_and_the_others_stopped():
     t = time.monotonic()
     with pytest.raises(WorkerFailed) as e:
@@ -70,11 +74,13 @@ def test_a_failing_rank_is_named_with_the_end_of_its_log_and_the_others_stopped(
     assert time.monotonic() - t < 60
 
 
+@pytest.mark.slow
 def test_a_course_error_in_a_worker_comes_back_as_itself():
     with pytest.raises(ConfigError, match=r"^epochs=0: use an int >= 1\.$"):
         launch.launch(course_error, 2, echo=False)
 
 
+@pytest.mark.slow
 def test_a_course_error_raised_at_once_is_what_comes_back_while_the_other_ranks_return():
     """Every rank has joined before any worker runs, and a rank that fails after the first one is recorded after it:
     the course's error is what comes back. (Once, on torch 2.11, a rank still joining saw its links close as the rank
@@ -84,16 +90,19 @@ def test_a_course_error_raised_at_once_is_what_comes_back_while_the_other_ranks_
             launch.launch(course_error_at_once, 4, echo=False, timeout=60)
 
 
+@pytest.mark.slow
 def test_ranks_that_send_nothing_all_return():
     assert [launch.launch(returns_at_once, 4, echo=False, timeout=60) for _ in range(3)] == [0, 0, 0]
 
 
+@pytest.mark.slow
 def test_a_rank_killed_by_a_signal_is_the_cause_and_its_log_is_shown():
     with pytest.raises(WorkerFailed, match=r"(?s)^rank 1 was killed by signal SIGKILL.*working on step 3") as e:
         launch.launch(killed_mid_run, 2, args=(1,), echo=False)
     assert e.value.rank == 1 and e.value.cause == "rank 1 was killed by signal SIGKILL"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("who, code, how, match", [
     (0, 7, "os", r"^rank 0 exited with code 7;"),
     (1, 0, "os", r"^rank 1 ended with exit code 0 before its function returned"),
@@ -106,6 +115,7 @@ def test_the_rank_that_ended_its_process_is_blamed(who, code, how, match):
     assert e.value.rank == who and "leaving early" in str(e.value)
 
 
+@pytest.mark.slow
 def test_a_result_that_cannot_travel_back_is_explained():
     with pytest.raises(LaunchError, match=r"^Rank 0's return value \(a dict\) cannot be sent back.*lambda"):
         launch.launch(returns_unpicklable, 2, echo=False)
@@ -131,6 +141,7 @@ def test_a_stale_worker_from_an_earlier_run_of_its_cell_is_explained():
         launch.launch(old, 2, echo=False)
 
 
+@pytest.mark.slow
 def test_a_wall_clock_limit_ends_ranks_that_never_call_a_collective(tmp_path):
     import psutil
 
@@ -142,6 +153,7 @@ def test_a_wall_clock_limit_ends_ranks_that_never_call_a_collective(tmp_path):
                 and "spawn_main" in " ".join(c.cmdline())]
 
 
+@pytest.mark.slow
 def test_a_collective_that_one_rank_skips_ends_at_the_timeout():
     t = time.monotonic()
     with pytest.raises(WorkerFailed, match="rank 0 failed with"):
@@ -149,6 +161,7 @@ def test_a_collective_that_one_rank_skips_ends_at_the_timeout():
     assert time.monotonic() - t < 300  # rank 1 would sleep 600 s: the timeout, not its return, ended the run
 
 
+@pytest.mark.slow
 def test_nothing_is_left_behind_in_the_launching_process(tmp_path, monkeypatch):
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where the run's (and torch's) temporary files go
 
@@ -181,6 +194,7 @@ def test_bad_arguments_are_refused_before_any_process_starts(bad, match):
 LOOPBACK = {"127.0.0.1", "::1", "::ffff:127.0.0.1"}
 
 
+@pytest.mark.slow
 def test_nothing_of_a_launch_listens_beyond_loopback():
     got = launch.launch(listening_addresses, 2, echo=False)
     assert (any(port == got["store_port"] for _, port in got["listening"])  # the store is among them
@@ -254,6 +268,7 @@ LAUNCHER = ("import sys; from launch_workers import sleeper; from mparlib.launch
             "launch(sleeper, 2, args=(sys.argv[1],))")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
 def test_no_rank_outlives_a_killed_launcher(tmp_path, child_env, sig):
     proc = subprocess.Popen([sys.executable, "-c", LAUNCHER, str(tmp_path)], env=child_env(TESTS),
@@ -268,6 +283,7 @@ def test_no_rank_outlives_a_killed_launcher(tmp_path, child_env, sig):
             proc.kill()
 
 
+@pytest.mark.slow
 def test_no_rank_outlives_a_stopped_then_killed_launcher(tmp_path, child_env):
     proc = subprocess.Popen([sys.executable, "-c", LAUNCHER, str(tmp_path)], env=child_env(TESTS),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -282,6 +298,7 @@ def test_no_rank_outlives_a_stopped_then_killed_launcher(tmp_path, child_env):
             proc.kill()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fail", [False, True])
 def test_processes_started_by_the_ranks_end_with_the_run(tmp_path, fail):
     if fail:
@@ -293,6 +310,7 @@ def test_processes_started_by_the_ranks_end_with_the_run(tmp_path, fail):
     assert len(pids) == 4 and _gone_within(pids), f"processes {pids} started by the ranks outlived the run"
 
 
+@pytest.mark.slow
 def test_a_child_started_just_before_its_rank_is_killed_does_not_outlive_the_run(tmp_path):
     with pytest.raises(WorkerFailed):
         launch.launch(forks_then_dies, 2, args=(str(tmp_path),), echo=False, timeout=60, limit=300)
@@ -300,6 +318,7 @@ def test_a_child_started_just_before_its_rank_is_killed_does_not_outlive_the_run
     assert _gone_within([pid]), f"process {pid}, started by rank 1 just before it was killed, outlived the run"
 
 
+@pytest.mark.slow
 def test_an_interrupted_launch_stops_every_rank_itself(tmp_path, child_env):
     # Python raises KeyboardInterrupt only where SIGINT is not ignored at its start, and a shell ignores it in
     # what it starts in the background (`make test &`): the child asks for the handler itself, as a kernel does.
@@ -320,6 +339,7 @@ def test_an_interrupted_launch_stops_every_rank_itself(tmp_path, child_env):
         proc.wait()
 
 
+@pytest.mark.slow
 def test_no_rank_outlives_a_restarted_notebook_kernel(tmp_path, child_env):
     from jupyter_client.manager import start_new_kernel
 
@@ -335,6 +355,7 @@ def test_no_rank_outlives_a_restarted_notebook_kernel(tmp_path, child_env):
         km.shutdown_kernel(now=True)
 
 
+@pytest.mark.slow
 def test_a_notebook_defines_its_worker_with_the_worker_magic(tmp_path):
     import nbformat
     from nbclient import NotebookClient
@@ -366,6 +387,7 @@ def test_worker_names_that_would_hide_a_module_are_refused():
     assert torch.__name__ == "torch"
 
 
+@pytest.mark.slow
 def test_a_group_started_by_hand_listens_on_loopback_only(tmp_path):
     """RANK/WORLD_SIZE/MASTER_* set by hand, as a tutorial would: rank 0's store and gloo stay on 127.0.0.1."""
     import json
@@ -439,6 +461,7 @@ def _beside_a_writer(tmp_path, run):
         writer.join(10)
 
 
+@pytest.mark.slow
 def test_a_result_written_into_the_store_by_another_process_is_never_run_nor_returned(tmp_path):
     got, marker = _beside_a_writer(tmp_path, lambda port: launch.launch(
         returns_after, 2, args=(3.0, {"answer": 42}), port=port, echo=False))
@@ -446,6 +469,7 @@ def test_a_result_written_into_the_store_by_another_process_is_never_run_nor_ret
     assert not marker.exists()
 
 
+@pytest.mark.slow
 def test_an_error_written_into_the_store_by_another_process_is_never_run_nor_reported(tmp_path):
     def run(port):
         with pytest.raises(WorkerFailed) as e:
@@ -457,6 +481,7 @@ def test_an_error_written_into_the_store_by_another_process_is_never_run_nor_rep
     assert not marker.exists()
 
 
+@pytest.mark.slow
 def test_the_results_folder_is_private_and_gone_after_the_run():
     import stat
 
@@ -467,12 +492,14 @@ def test_the_results_folder_is_private_and_gone_after_the_run():
         assert stat.S_IMODE(os.stat(box).st_mode) == 0o700
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mib", [20, 100])
 def test_a_result_larger_than_a_store_value_comes_back_whole(mib):
     got = launch.launch(big_result, 2, args=(mib << 20,), echo=False)
     assert got.numel() == (mib << 20) // 8 and got[-1].item() == got.numel() - 1
 
 
+@pytest.mark.slow
 def test_the_limit_ends_ranks_that_catch_every_exception_and_ignore_signals():
     start = time.monotonic()
     with pytest.raises(WorkerFailed, match="limit=5 s"):

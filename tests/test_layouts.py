@@ -38,6 +38,7 @@ def one_process(batches):
     return model, losses
 
 
+@pytest.mark.slow
 def test_every_layout_on_8_ranks_trains_like_one_process_and_counts_its_memory():
     batches = data()
     model, reference = one_process(batches)

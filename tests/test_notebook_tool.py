@@ -294,6 +294,7 @@ def _editions(tmp_path, text):
     return src.parent, out
 
 
+@pytest.mark.slow
 def test_a_failure_in_the_japanese_edition_leaves_both_notebooks_untouched(tmp_path):
     text = TINY + '\n# %%\nassert pathlib.Path.cwd().name != "ja", "only the Japanese edition fails"\n'
     src, out = _editions(tmp_path, text)
@@ -306,6 +307,7 @@ def test_a_failure_in_the_japanese_edition_leaves_both_notebooks_untouched(tmp_p
         "stored en", "stored ja"]
 
 
+@pytest.mark.slow
 def test_both_editions_run_in_their_folders_with_the_course_kernel(tmp_path, monkeypatch):
     monkeypatch.delenv("MPARLIB_QUIET", raising=False)  # the tool sets it for the kernel by itself
     src, out = _editions(tmp_path, TINY)
@@ -330,6 +332,7 @@ def test_stored_tracebacks_carry_no_paths_of_the_machine_that_built_them():
     assert builder.portable_paths("no path here: 3/4 of a batch") == "no path here: 3/4 of a batch"
 
 
+@pytest.mark.slow
 def test_prose_updates_the_markdown_and_keeps_the_outputs_without_running_anything(tmp_path):
     text = MD.format(en="Old words.", ja="古い文です。") + "\n# %%\nprint(6 * 7)\n"
     src, out = _editions(tmp_path, text)

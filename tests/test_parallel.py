@@ -697,6 +697,7 @@ def test_the_tutorials_one_line_getattr_recurses_forever():
 # ---------------------------------------------------------------------------------------------------------------
 # unwrap and checkpoints
 # ---------------------------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_unwrap_finds_the_plain_module_under_every_wrapper():
     net = Classifier()
     assert unwrap(net) is net

@@ -43,6 +43,7 @@ def test_japanese_labels_render_without_missing_glyphs(tmp_path):
         animator.add(1, (0.9, -0.5))
 
 
+@pytest.mark.slow
 def test_inside_a_kernel_it_shows_one_image_and_updates_it_in_place(tmp_path):
     from nbclient import NotebookClient
 

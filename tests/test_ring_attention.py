@@ -100,12 +100,14 @@ def ring_report(request):
     return request.param, launch(workers.everything, request.param, echo=False, timeout=300)
 
 
+@pytest.mark.slow
 def test_ring_attention_equals_sdpa_outputs_and_gradients(ring_report):
     world, report = ring_report
     for case, r in report["sdpa"].items():
         assert len(r["diffs"]) == 4 and max(r["diffs"]) < 1e-10, (world, case, r["diffs"])
 
 
+@pytest.mark.slow
 def test_balanced_causal_split_does_equal_work_and_contiguous_does_not(ring_report):
     world, report = ring_report
     balanced = [s["score_elements"] for s in report["sdpa"][(True, "balanced")]["stats"]]
@@ -117,17 +119,20 @@ def test_balanced_causal_split_does_equal_work_and_contiguous_does_not(ring_repo
     assert all(f == 2 * 3 * 16 * 16 // world for f in full)  # B H T^2 / N: the whole score matrix, shared out
 
 
+@pytest.mark.slow
 def test_ring_attention_equals_context_parallel(ring_report):
     world, report = ring_report
     assert report["context_parallel"]["diff"] < 1e-10, world
 
 
+@pytest.mark.slow
 def test_context_parallel_on_the_cpu_gathers_the_keys_and_values(ring_report):
     """What chapter 11 says torch does on the CPU: two all-gathers (keys, values), not a ring of exchanges."""
     world, report = ring_report
     assert report["context_parallel"]["collectives"] == {"all_gather": 2, "reduce_scatter": 0, "all_reduce": 0}, (world, report)
 
 
+@pytest.mark.slow
 def test_saved_bytes_per_rank_shrink_by_the_number_of_ranks(ring_report):
     world, report = ring_report
     one = {}
@@ -143,6 +148,7 @@ def test_saved_bytes_per_rank_shrink_by_the_number_of_ranks(ring_report):
             assert block * world ** 2 == one[length][1], (world, length)
 
 
+@pytest.mark.slow
 def test_measure_overlap_times_every_part_on_every_rank(ring_report):
     world, report = ring_report
     overlap = report["overlap"]
@@ -154,6 +160,7 @@ def test_measure_overlap_times_every_part_on_every_rank(ring_report):
     assert 0 <= overlap["hidden"] <= 1 and set(overlap["load"]) == {"before", "after", "busy"}
 
 
+@pytest.mark.slow
 def test_measure_balance_counts_what_the_ring_computes(ring_report):
     world, report = ring_report
     for split in ("contiguous", "balanced"):

@@ -30,6 +30,7 @@ def runs(request):
     return p, result
 
 
+@pytest.mark.slow
 def test_every_schedule_gives_one_process_gradients(runs):
     p, result = runs
     assert sorted(result) == sorted(NEW)
@@ -38,6 +39,7 @@ def test_every_schedule_gives_one_process_gradients(runs):
         assert entry["parity"] <= 1e-12, (name, p, entry["parity"])
 
 
+@pytest.mark.slow
 def test_each_rank_ran_the_order_that_is_simulated(runs):
     p, result = runs
     for name, by_m in result.items():
@@ -48,6 +50,7 @@ def test_each_rank_ran_the_order_that_is_simulated(runs):
         assert by_m[2 * p]["in_flight"] == [{"I": pp.in_flight(n, "I"), "W": pp.in_flight(n, "W")} for n in simulated]
 
 
+@pytest.mark.slow
 def test_every_stage_runs_each_pass_once_per_micro_batch(runs):
     p, result = runs
     m = 2 * p
@@ -188,6 +191,7 @@ def test_simulate_schedule_names_the_release_it_needs(monkeypatch):
         pp.simulate_schedule("zbv", 2, 4)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("p", [2, 4])
 def test_opening_the_links_of_the_v_placement_sends_nothing_to_the_same_rank(p):
     """torch 2.11 opens the links of every neighbouring stage, the middle rank's own pair included, and gloo cannot

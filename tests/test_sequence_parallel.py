@@ -34,6 +34,7 @@ def predicted_saved(world, mode, batch=4, tokens=16, dim=32, hidden=64, heads=4,
     return size * (split + 2 * btd + (2 * btd + 4 * bt) / world)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("nproc", [2, 4])
 def test_sequence_parallel_block_matches_the_unsplit_block(nproc):
     report = launch(all_checks, nproc, echo=False, timeout=300)

@@ -92,6 +92,7 @@ def test_held_bytes_counts_the_tensors_a_plain_model_and_adam_hold():
 
 # ------------------------------------------------------------------------------------------------ ZeRO from primitives
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world, optimizer, dtype, tol", [
     (2, "adam", torch.float64, 1e-10),
     (3, "momentum", torch.float32, 1e-5),  # 3 ranks: the flat parameter vector needs padding
@@ -115,6 +116,7 @@ def test_sharded_optimizer_equals_ddp_and_one_process(world, optimizer, dtype, t
         assert states * S * size <= held["optimizer"] <= states * S * size + 4  # + Adam's step count (float32)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world, optimizer, micro", [(2, "adam", 1), (4, "adam", 2), (4, "momentum", 1)])
 def test_zero2_reduces_gradients_in_the_backward_pass_and_equals_ddp(world, optimizer, micro):
     dtype, bucket = torch.float64, 2**16  # 64 KiB buckets: the 1.1 MB of float64 gradients make many of them
@@ -137,6 +139,7 @@ def test_zero2_reduces_gradients_in_the_backward_pass_and_equals_ddp(world, opti
         assert held["params"] == sum(got["buckets"]) * world * 8
 
 
+@pytest.mark.slow
 def test_peak_memory_per_rank_orders_ddp_zero1_zero2_fsdp2():
     # The smoke ViT (0.56 MB of float32 parameters), 64 KiB buckets. Counted by PeakMemory after every operator of
     # the measured step: deterministic, so exact inequalities can be asserted. With P the parameter bytes:
@@ -164,6 +167,7 @@ def test_peak_memory_per_rank_orders_ddp_zero1_zero2_fsdp2():
         assert sum(fsdp["after"].values()) < fsdp["peak"]
 
 
+@pytest.mark.slow
 def test_fsdp2_accumulation_prefetch_and_hsdp_equal_one_process():
     dtype = torch.float64
     data = batches(3, 16)
@@ -204,6 +208,7 @@ def test_tensor_collectives_take_the_new_names_and_fall_back_to_the_old():
 
 # ------------------------------------------------------------------------------------------------ FSDP2 and checkpoints
 
+@pytest.mark.slow
 def test_fsdp_equals_one_process_and_its_checkpoint_reshards_from_2_to_4_ranks_and_to_1(tmp_path):
     dtype = torch.float64
     data = batches(10, 8)
@@ -244,6 +249,7 @@ def test_fsdp_equals_one_process_and_its_checkpoint_reshards_from_2_to_4_ranks_a
     assert largest_gap(single.state_dict(), saved["model"]) == 0
 
 
+@pytest.mark.slow
 def test_a_killed_save_leaves_the_previous_checkpoint_and_is_never_loaded(tmp_path):
     dtype = torch.float32
     saved = launch(fsdp_train_and_save, 2, args=(batches(2, 4), tmp_path, dtype), echo=False, timeout=120)
@@ -279,6 +285,7 @@ def test_a_folder_that_is_not_a_checkpoint_is_refused(tmp_path):
         load_sharded({}, tmp_path / "step-00000001")
 
 
+@pytest.mark.slow
 def test_fsdp_memory_worker_times_steps_after_counting_the_bytes():
     from mparlib.vit import vit
 

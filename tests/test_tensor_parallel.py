@@ -178,6 +178,7 @@ def expected_order(schedule, r, p, m):
 
 # ---------------------------------------------------------------------------------------------- tests
 
+@pytest.mark.slow
 @pytest.mark.parametrize("nproc", [2, 4])
 def test_split_blocks_compute_what_the_unsplit_blocks_compute(nproc):
     report = launch(split_block_diffs, nproc, echo=False, timeout=120)
@@ -211,6 +212,7 @@ def test_the_operators_refuse_to_work_outside_a_process_group():
         tp.split_attention(MLP(4, 8))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("nproc, micro_batches", [(2, 4), (4, 4)])
 def test_pipelines_train_exactly_like_one_process(nproc, micro_batches):
     ref_losses, ref_params = one_process_training(nproc)

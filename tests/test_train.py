@@ -356,6 +356,7 @@ def run_cli(*args, cwd):
                           text=True, timeout=600)
 
 
+@pytest.mark.slow
 def test_cli_help(tmp_path):
     r = run_cli("--help", cwd=tmp_path)
     assert r.returncode == 0
@@ -363,6 +364,7 @@ def test_cli_help(tmp_path):
         assert option in r.stdout
 
 
+@pytest.mark.slow
 def test_cli_lr_nan_exits_2_with_the_reason(tmp_path):
     """`python -m mparlib.train --lr nan` used to train and print `train loss nan` with exit code 0."""
     r = run_cli("--lr", "nan", cwd=tmp_path)
