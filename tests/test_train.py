@@ -390,7 +390,7 @@ def test_cli_refuses_bad_options_before_any_work(argv, says, tmp_path, monkeypat
 
 def test_the_chapter_05_runs_are_the_command_line_defaults(tmp_path, monkeypatch):
     """One definition of chapter 05's sizes: the notebook's runs, and what the command trains without options."""
-    assert C.experiment(1, "smoke") == dict(width=8, batch_size=16, lr=0.025, num_epochs=2, subset=(12000, 1000))
+    assert C.experiment(1, "smoke") == dict(width=8, batch_size=16, lr=0.025, num_epochs=3, subset=(4000, 1000))
     assert C.experiment(1, "full") == dict(width=64, batch_size=256, lr=0.1, num_epochs=10, subset=None)
     assert C.experiment(2, "full") == dict(width=64, batch_size=512, lr=0.2, num_epochs=10, subset=None)  # d2l's
     with pytest.raises(ConfigError, match="k=0"):

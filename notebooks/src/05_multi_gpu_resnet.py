@@ -53,8 +53,8 @@ print(mparlib.profile_line())
 # The table describes your machine. The experiment's size follows the course profile: `full` (the default
 # with a GPU) runs d2l's real experiment, 10 epochs on all 60,000 training images with d2l's ResNet-18; `smoke`
 # (the default without a GPU) trains a narrow copy of that network (the same layers with an eighth of the
-# channels, introduced below) for 2 epochs on 12,000 training images and tests it on 1,000, so that the whole
-# notebook finishes in about a minute and a half on two CPU cores and the curves still show real learning. The
+# channels, introduced below) for 3 epochs on 4,000 training images and tests it on 1,000, so that the whole
+# notebook finishes in about half a minute on two CPU cores and the curves still show real learning. The
 # settings of both profiles come from `mparlib.train.experiment`, which `python -m mparlib.train` uses as its
 # defaults too, so the notebook and the script run the same experiment; the next cell prints them. Change a value
 # there (for example `RUNS["one"]["num_epochs"] = 5`), or switch profiles with `MPARLIB_PROFILE=full` or
@@ -66,7 +66,7 @@ print(mparlib.profile_line())
 # 00 explains how to set them up; the links at the top of this notebook open it there when the course is
 # published from a repository.
 # <!-- ja -->
-# 上の表はお使いのマシンの情報です。実験の規模はコースのプロファイルで決まります。`full`（GPU があるときの既定値）は d2l の実験そのもので、d2l の ResNet-18 を訓練画像 60,000枚すべてで 10エポック訓練します。`smoke`（GPU がないときの既定値）は、同じネットワークを細くしたもの（層は同じでチャネル数が 8分の 1。後で説明します）を訓練画像 12,000枚で 2エポック訓練し、テスト画像 1,000枚で評価します。これで CPU 2コアでもノートブック全体が 1分半ほどで終わり、しかも学習が本当に進む様子が曲線に表れます。両方のプロファイルの設定は `mparlib.train.experiment` が返します。`python -m mparlib.train` も同じものを既定値に使うので、ノートブックとスクリプトは同じ実験を実行します。設定は次のセルが表示します。値を変えるにはそのセルで（たとえば `RUNS["one"]["num_epochs"] = 5`）変更するか、Jupyter を起動する前に `MPARLIB_PROFILE=full` または `MPARLIB_PROFILE=smoke` を設定してプロファイルを切り替えてください。
+# 上の表はお使いのマシンの情報です。実験の規模はコースのプロファイルで決まります。`full`（GPU があるときの既定値）は d2l の実験そのもので、d2l の ResNet-18 を訓練画像 60,000枚すべてで 10エポック訓練します。`smoke`（GPU がないときの既定値）は、同じネットワークを細くしたもの（層は同じでチャネル数が 8分の 1。後で説明します）を訓練画像 4,000枚で 3エポック訓練し、テスト画像 1,000枚で評価します。これで CPU 2コアでもノートブック全体が 30秒ほどで終わり、しかも学習が本当に進む様子が曲線に表れます。両方のプロファイルの設定は `mparlib.train.experiment` が返します。`python -m mparlib.train` も同じものを既定値に使うので、ノートブックとスクリプトは同じ実験を実行します。設定は次のセルが表示します。値を変えるにはそのセルで（たとえば `RUNS["one"]["num_epochs"] = 5`）変更するか、Jupyter を起動する前に `MPARLIB_PROFILE=full` または `MPARLIB_PROFILE=smoke` を設定してプロファイルを切り替えてください。
 #
 # GPU がなくても、本来の実験を動かす方法があります。クラウドのノートブックが、利用時間の上限の範囲で GPU を無料で貸してくれます。Google Colab では 1つのノートブックで GPU 1枚を使え、`full` プロファイルを実行できます。Kaggle では 1つのノートブックで GPU 2枚（「GPU T4 x2」）を使えるので、この章の 2回目の実行は各バッチを本物の GPU 2枚に分けます。1〜6章も同様です。設定の方法は 0章で説明しています。コースをリポジトリから公開している場合は、このノートブックの先頭のリンクからそのままクラウドで開けます。
 
@@ -79,7 +79,7 @@ else:
     all_devices = one_device * 2  # two simulated devices: mparlib.parallel.data_parallel splits each batch
 k = len(all_devices)  # the second run multiplies batch size and learning rate by the number of devices
 # The chapter's runs, also the defaults of `python -m mparlib.train`. full: d2l's ResNet-18 (width 64), batch 256,
-# lr 0.1 per device, 10 epochs; smoke: width 8, batch 16, lr 0.025 per device, 2 epochs on (12000, 1000) images
+# lr 0.1 per device, 10 epochs; smoke: width 8, batch 16, lr 0.025 per device, 3 epochs on (4000, 1000) images
 RUNS = {"one": experiment(1, PROFILE), "all": experiment(k, PROFILE)}
 print(tr("profile:", "プロファイル:"), PROFILE)
 print(tr("one device: ", "1つのデバイス:"), one_device, RUNS["one"])
@@ -372,7 +372,7 @@ assert next(net.parameters()).device == one_device[0]  # trained in place, on de
 assert len(test_iter.dataset) >= 1000
 # it learned: the loss fell far below log(10) = 2.30, that of a uniform guess, and the test accuracy passed a bar
 assert h_one.train_loss[-1] < 0.5 * math.log(10), h_one.train_loss
-assert h_one.test_acc[-1] >= (0.88 if PROFILE == "full" else 0.75), h_one.test_acc
+assert h_one.test_acc[-1] >= (0.88 if PROFILE == "full" else 0.70), h_one.test_acc
 print(tr("checked", "確認しました"))
 
 # %% [markdown]
@@ -412,7 +412,7 @@ assert h_all.epochs == RUNS["all"]["num_epochs"] and not h_all.interrupted
 assert h_all.devices == all_devices and len(all_devices) >= 2 and len(h_all.test_acc) == len(h_all.seconds)
 assert len(train_iter_all) == math.ceil(len(train_iter_all.dataset) / RUNS["all"]["batch_size"])
 assert h_all.train_loss[-1] < 0.5 * math.log(10), h_all.train_loss
-assert h_all.test_acc[-1] >= (0.85 if PROFILE == "full" else 0.75), h_all.test_acc  # d2l's 2-GPU build: 0.87
+assert h_all.test_acc[-1] >= (0.85 if PROFILE == "full" else 0.70), h_all.test_acc  # d2l's 2-GPU build: 0.87
 print(tr("checked", "確認しました"))
 
 # %% [markdown]
