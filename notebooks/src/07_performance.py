@@ -22,7 +22,7 @@
 # | `compile`, `cuda_graphs` | `torch.compile`, and replaying each step as a CUDA graph (GPUs); `warm_up` compiles before the first timed step and leaves the model as it was |
 #
 # The sizes follow the course profile: the smoke profile (no GPU) runs a few steps of each measurement, so the
-# numbers are real but noisy, and its last section trains chapter 05's narrow ResNet-18 (`width=8`) on 12,000
+# numbers are real but noisy, and its last section trains chapter 05's narrow ResNet-18 (`width=8`) on 4,000
 # images to compare the accuracy of the two loops; the full profile (a GPU) runs the real experiment with d2l's
 # network, including training to 91% test accuracy.
 # <!-- ja -->
@@ -41,7 +41,7 @@
 # | `momentum`、`warmup`、`label_smoothing` | バッチを大きくしても精度を保つための学習率スケジュールなど（`warmup_cosine`） |
 # | `compile`、`cuda_graphs` | `torch.compile` と、各ステップを CUDA グラフとして再生する仕組み（GPU）。`warm_up` が最初の計測の前にコンパイルを済ませ、モデルは元の状態に戻す |
 #
-# 規模はコースのプロファイルに従います。`smoke` プロファイル（GPU なし）では各計測を数ステップだけ実行するので、数値は本物ですがばらつきが大きくなります。最後の節では、5章の細い ResNet-18（`width=8`）を 12,000枚の画像で訓練し、2つのループの精度を比べます。`full` プロファイル（GPU あり）では、d2l のネットワークでテスト精度 91% までの訓練を含む本来の実験を行います。
+# 規模はコースのプロファイルに従います。`smoke` プロファイル（GPU なし）では各計測を数ステップだけ実行するので、数値は本物ですがばらつきが大きくなります。最後の節では、5章の細い ResNet-18（`width=8`）を 4,000枚の画像で訓練し、2つのループの精度を比べます。`full` プロファイル（GPU あり）では、d2l のネットワークでテスト精度 91% までの訓練を含む本来の実験を行います。
 
 # %% tags=["nbval-ignore-output"]
 import contextlib
@@ -530,20 +530,20 @@ assert len(points) == len(distinct_convs(BIG))
 # 60,000 images for 10 epochs, the baseline with d2l's batch 256 and learning rate 0.1, the fast path with batch
 # 512 and peak learning rate 0.2; the table reports the training seconds until the test accuracy first reaches
 # 0.91 (evaluation and the untimed compilation are not counted). In the smoke profile both train chapter 05's
-# narrow network (`width=8`) for 2 epochs on 12,000 images at batch 32 and are tested on 1,000.
+# narrow network (`width=8`) for 3 epochs on 4,000 images at batch 32 and are tested on 1,000.
 # <!-- ja -->
 # 各点とその上の上限線との距離が、まだ改善できる余地です。ステップ全体（星印）の場合、その距離には順伝播の畳み込み以外のすべてが含まれます。逆伝播（その畳み込みは形状が異なります）、メモリ律速のバッチ正規化と ReLU、オプティマイザの更新、そして遅い構成ではデータやカーネル起動の待ち時間です。大きな GPU では、最後のステージ（7x7 と 4x4 の画像）はカーネルあたりの仕事が少なく、小さなバッチではチップを埋めきれません。
 #
 # ## 1回の呼び出しで使う高速パス
 #
-# ここまでの内容は、すべて `train` の引数 1つにまとまっています。では、速さと引き換えに精度を失っていないでしょうか。高速パスは最適化の方法も変えます（Nesterov モーメンタム、ウォームアップとコサインのスケジュール、ラベル平滑化、重み減衰）。そこで次のセルでは、同じネットワークを同じデータで同じエポック数だけ 2回訓練します。1回目は 5章のループ（`DataLoader`、fp32、素の SGD）、2回目は `fast=True` です。`full` プロファイルでは d2l のネットワークを 60,000枚すべてで 10エポック訓練します。ベースラインは d2l と同じバッチサイズ 256、学習率 0.1、高速パスはバッチサイズ 512、学習率のピーク 0.2 です。表には、テスト精度が初めて 0.91 に達するまでの訓練時間（秒）も示します（評価と、時間を測らないコンパイルは含みません）。`smoke` プロファイルでは、どちらも 5章の細いネットワーク（`width=8`）を訓練画像 12,000枚、バッチサイズ 32 で 2エポック訓練し、テスト画像 1,000枚で評価します。
+# ここまでの内容は、すべて `train` の引数 1つにまとまっています。では、速さと引き換えに精度を失っていないでしょうか。高速パスは最適化の方法も変えます（Nesterov モーメンタム、ウォームアップとコサインのスケジュール、ラベル平滑化、重み減衰）。そこで次のセルでは、同じネットワークを同じデータで同じエポック数だけ 2回訓練します。1回目は 5章のループ（`DataLoader`、fp32、素の SGD）、2回目は `fast=True` です。`full` プロファイルでは d2l のネットワークを 60,000枚すべてで 10エポック訓練します。ベースラインは d2l と同じバッチサイズ 256、学習率 0.1、高速パスはバッチサイズ 512、学習率のピーク 0.2 です。表には、テスト精度が初めて 0.91 に達するまでの訓練時間（秒）も示します（評価と、時間を測らないコンパイルは含みません）。`smoke` プロファイルでは、どちらも 5章の細いネットワーク（`width=8`）を訓練画像 4,000枚、バッチサイズ 32 で 3エポック訓練し、テスト画像 1,000枚で評価します。
 
 # %% tags=["nbval-ignore-output"]
 if mparlib.profile() == "full":  # d2l's network on all 60,000 images; the baseline is d2l's one-GPU run
     ACC = dict(width=64, num_epochs=10, subset=None, learned=0.88,
                baseline=dict(batch_size=256, lr=0.1), fast=dict(batch_size=512, lr=0.2))
-else:  # chapter 05's narrow network on 12,000 images, the same batch for both loops
-    ACC = dict(width=8, num_epochs=2, subset=(12000, 1000), learned=0.75,
+else:  # chapter 05's narrow network on 4,000 images, the same batch for both loops
+    ACC = dict(width=8, num_epochs=3, subset=(4000, 1000), learned=0.70,
                baseline=dict(batch_size=32, lr=0.05), fast=dict(batch_size=32, lr=0.05))
 runs = {}
 for loop in ("baseline", "fast"):
