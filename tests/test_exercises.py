@@ -267,15 +267,15 @@ def test_ranks_run_the_learners_function_beside_the_reference():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name, waiting", [("skipping_sum", "Rank 0"), ("both_receive", "Rank 0")])
-def test_a_deadlocking_answer_ends_within_a_minute_naming_the_rank(name, waiting):
+def test_a_deadlocking_answer_ends_at_the_collectives_timeout_naming_the_rank(name, waiting):
     import torch
 
     import exercise_workers as w
 
     start = time.monotonic()
     with pytest.raises(core.Stop) as stop:
-        core.run_ranks(getattr(w, name), 2, args=(torch.ones(3),), timeout=20)
-    assert time.monotonic() - start < 60
+        core.run_ranks(getattr(w, name), 2, args=(torch.ones(3),), timeout=5)  # the checks' default: 20 s
+    assert time.monotonic() - start < 5 + 20  # the timeout, plus starting and ending two processes
     outcome = stop.value.outcome
     assert outcome.status == "wrong" and outcome.hint_key == "hang" and outcome.message.startswith(waiting)
 

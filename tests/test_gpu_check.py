@@ -239,7 +239,7 @@ def test_a_pytest_step_stopped_at_its_box_keeps_the_junit_xml_of_what_it_finishe
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPU_CHECK_")}
     env["GPU_CHECK_PYTHON"] = sys.executable
     junit = tmp_path / "junit.xml"
-    r = subprocess.run(["timeout", "--kill-after=20", "15", "bash", str(SCRIPT), "--internal-step", "pytest",
+    r = subprocess.run(["timeout", "--kill-after=20", "8", "bash", str(SCRIPT), "--internal-step", "pytest",
                         str(tmp_path), "-p", "no:cacheprovider", f"--junitxml={junit}", str(tmp_path / "test_probe.py")],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 124, (r.stdout, r.stderr)

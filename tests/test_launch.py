@@ -145,9 +145,10 @@ def test_a_stale_worker_from_an_earlier_run_of_its_cell_is_explained():
 def test_a_wall_clock_limit_ends_ranks_that_never_call_a_collective(tmp_path):
     import psutil
 
-    with pytest.raises(WorkerFailed, match=r"^the run took longer than limit=20 s, so every rank was stopped"):
-        launch.launch(runs_forever_without_collectives, 2, args=(str(tmp_path),), limit=20, timeout=10, echo=False)
+    with pytest.raises(WorkerFailed, match=r"^the run took longer than limit=10 s, so every rank was stopped"):
+        launch.launch(runs_forever_without_collectives, 2, args=(str(tmp_path),), limit=10, timeout=5, echo=False)
     pids = [int(f.read_text()) for f in tmp_path.glob("rank*.pid") if f.read_text()]
+    assert len(pids) == 2  # both ranks were running their worker when the limit ended them
     assert not any(_alive(p) for p in pids) and not multiprocessing.active_children()
     assert not [c for c in psutil.Process().children() if c.name().startswith("python") and c.status() != "zombie"
                 and "spawn_main" in " ".join(c.cmdline())]
