@@ -179,10 +179,16 @@ def site_pages(site):
 def broken_links(site):
     """Every relative href/src in every page of ``site`` that does not lead to a file (or to a missing #id)."""
     site, problems, cache = Path(site), [], {}
+
+    def parsed(path):  # each page parsed once (setdefault would parse it again for every link)
+        if path not in cache:
+            cache[path] = parse(path)
+        return cache[path]
+
     for path in site.rglob("*.html"):
         if "pagefind" in path.relative_to(site).parts:
             continue
-        page = cache.setdefault(path, parse(path))
+        page = parsed(path)
         base = page_base(path, site)
         for tag, link in page.links:
             parts = urlsplit(link)
@@ -194,11 +200,21 @@ def broken_links(site):
             if not target.is_file():
                 problems.append(f"{path.relative_to(site)}: <{tag}> {link} -> missing file")
             elif parts.fragment and target.suffix == ".html":
-                ids = cache.setdefault(target, parse(target)).ids
+                ids = parsed(target).ids
                 if unquote(parts.fragment) not in ids:
                     problems.append(f"{path.relative_to(site)}: <{tag}> {link} -> no id {parts.fragment!r}")
     return problems
 
+
+
+def test_broken_links_finds_a_missing_file_and_a_missing_id_and_nothing_else(tmp_path):
+    (tmp_path / "en").mkdir()
+    (tmp_path / "en" / "a.html").write_text('<html><body><h1 id="top">A</h1><a href="b.html#here">b</a>'
+                                            '<a href="c.html">c</a><a href="b.html#gone">b</a><a href="#top">up</a>'
+                                            '<a href="https://example.org/">x</a></body></html>')
+    (tmp_path / "en" / "b.html").write_text('<html><body><p id="here">B</p><a href="a.html#top">a</a></body></html>')
+    assert broken_links(tmp_path) == ["en/a.html: <a> c.html -> missing file",
+                                      "en/a.html: <a> b.html#gone -> no id 'gone'"]
 
 def page_base(path, site):
     """The folder relative links of a page resolve against (404.html carries a <base> from site-url)."""
@@ -572,7 +588,6 @@ def test_build_without_notebooks_says_how_to_make_them(tmp_path):
         book.build(notebooks=tmp_path, out=tmp_path / "site", stage_dir=tmp_path / "stage", log=lambda *a: None)
 
 
-@pytest.mark.slow
 def test_real_site(real_site):
     """Every stored notebook is a page in both books, and the whole site holds together."""
     assert real_site["pages"] == real_site["found"]
