@@ -910,7 +910,7 @@ from pathlib import Path
 from cp_training import batch_rows, cp_forward, make_model, train_cp
 
 CP_VIT = dict(patch=2, dim=32, depth=2, heads=2, hidden=64)  # 196 tokens
-TRAIN = (dict(images=2000, tests=500, steps=120, batch=64, lr=4e-3) if PROFILE == "smoke"
+TRAIN = (dict(images=2000, tests=500, steps=80, batch=64, lr=4e-3) if PROFILE == "smoke"
          else dict(images=20000, tests=2000, steps=800, batch=64, lr=2e-3))
 X, y = load_split_tensors("train", TRAIN["images"])
 X_test, y_test = load_split_tensors("test", TRAIN["tests"])
