@@ -30,8 +30,8 @@ lab: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest --nbval --nbval-current-env --nbval-sanitize-with tests/sanitize.cfg -p no:cacheprovider $(PYTEST_ARGS)
 
-# The inner loop: the unit tests without nbval, the browsers and the tests marked slow (multi-process runs and
-# anything else over a few seconds). `make test` stays the whole suite and is what CI runs.
+# The inner loop: the unit tests without nbval, the browsers and the tests marked slow (every multi-process test,
+# and any other that takes a second or more on 2 CPU cores). `make test` stays the whole suite and is what CI runs.
 QUICK_MARKS ?= not slow and not e2e and not browser and not gpu
 test-quick: $(STAMP)
 	$(PY) -m pytest -p no:cacheprovider -m '$(QUICK_MARKS)' tests $(PYTEST_ARGS)
