@@ -372,7 +372,7 @@ def test_resume_checks_the_width_and_reads_checkpoints_written_before_it_existed
 
 def test_one_definition_of_the_chapter_experiment_for_the_notebook_and_the_command_line():
     smoke, full = DDPConfig.for_profile("smoke", 2), DDPConfig.for_profile("full", 4)
-    assert (smoke.model, smoke.width, smoke.epochs, smoke.subset) == ("resnet18", 8, 2, (6000, 1000))
+    assert (smoke.model, smoke.width, smoke.epochs, smoke.subset) == ("resnet18", 8, 2, (9000, 1000))
     assert (smoke.batch_size, smoke.lr, smoke.momentum) == (32, 0.01, 0.9)  # 2 processes: 16 and 0.005 each
     assert (full.width, full.epochs, full.subset, full.batch_size, full.lr, full.momentum) == (64, 10, None, 1024, 0.4, 0)
     assert DDPConfig.for_profile("full", 1) == DDPConfig()  # the defaults are chapter 5's experiment on one process

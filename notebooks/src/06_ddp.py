@@ -57,10 +57,10 @@ PROFILE = mparlib.profile()
 # %% [markdown]
 # <!-- en -->
 # The table describes your machine, so it differs from the one stored here. The `smoke` profile trains chapter
-# 5's narrow ResNet-18 on 6,000 images with 2 CPU processes, so that the chapter finishes in about a minute; the
+# 5's narrow ResNet-18 on 9,000 images with 2 CPU processes, so that the chapter finishes in about a minute; the
 # `full` profile runs the real chapter-5 experiment on all GPUs.
 # <!-- ja -->
-# 上の表はお使いのマシンの情報なので、ここに保存されている出力とは異なります。`smoke` プロファイルでは、5章の細い ResNet-18 を 2個の CPU プロセスで 6,000枚の画像について訓練し、この章が 1分ほどで終わるようにしています。`full` プロファイルでは、5章の実験を本来の規模ですべての GPU を使って実行します。
+# 上の表はお使いのマシンの情報なので、ここに保存されている出力とは異なります。`smoke` プロファイルでは、5章の細い ResNet-18 を 2個の CPU プロセスで 9,000枚の画像について訓練し、この章が 1分ほどで終わるようにしています。`full` プロファイルでは、5章の実験を本来の規模ですべての GPU を使って実行します。
 
 # %% [markdown]
 # <!-- en -->
@@ -400,7 +400,7 @@ assert moved > 1e-3  # the step really moved the parameters, so the match is not
 # Now the ResNet-18 of chapter 5 on Fashion-MNIST, with DDP. The `full` profile runs chapter 5's experiment: one
 # process per GPU (`nccl`), d2l's ResNet-18, the whole data set and 10 epochs, with batch size 256 and learning
 # rate 0.1 per GPU and plain SGD. The `smoke` profile uses 2 CPU processes (`gloo`) and the narrow ResNet-18 of
-# chapter 5's smoke profile (`width=8`), trained for 2 epochs on 6,000 images with a global batch of 32 and
+# chapter 5's smoke profile (`width=8`), trained for 2 epochs on 9,000 images with a global batch of 32 and
 # tested on 1,000. It adds momentum 0.9 to SGD (with the learning rate 0.01), which makes the steps of a short
 # run count for more. DDP does not mind: it averages the gradients, and the optimizer, momentum included, runs
 # unchanged in every process.
@@ -413,7 +413,7 @@ assert moved > 1e-3  # the step really moved the parameters, so the match is not
 # <!-- ja -->
 # ## 5章の実験を 2個のプロセスで: 障害と再開
 #
-# いよいよ 5章の ResNet-18 を Fashion-MNIST で、DDP を使って訓練します。`full` プロファイルは 5章の実験そのものです。GPU ごとに 1個のプロセス（`nccl`）で d2l の ResNet-18 をデータセット全体で 10エポック訓練し、バッチサイズは GPU あたり 256、学習率は GPU あたり 0.1、最適化は素の SGD です。`smoke` プロファイルでは 2個の CPU プロセス（`gloo`）で、5章の `smoke` プロファイルと同じ細い ResNet-18（`width=8`）を使い、訓練画像 6,000枚を全体のバッチサイズ 32 で 2エポック訓練し、テスト画像 1,000枚で評価します。短い訓練でも 1ステップごとの効果が大きくなるよう、SGD にモーメンタム 0.9 を加えています（学習率は 0.01）。DDP にとっては何も変わりません。DDP は勾配を平均するだけで、オプティマイザはモーメンタムも含めて各プロセスでそのまま動きます。
+# いよいよ 5章の ResNet-18 を Fashion-MNIST で、DDP を使って訓練します。`full` プロファイルは 5章の実験そのものです。GPU ごとに 1個のプロセス（`nccl`）で d2l の ResNet-18 をデータセット全体で 10エポック訓練し、バッチサイズは GPU あたり 256、学習率は GPU あたり 0.1、最適化は素の SGD です。`smoke` プロファイルでは 2個の CPU プロセス（`gloo`）で、5章の `smoke` プロファイルと同じ細い ResNet-18（`width=8`）を使い、訓練画像 9,000枚を全体のバッチサイズ 32 で 2エポック訓練し、テスト画像 1,000枚で評価します。短い訓練でも 1ステップごとの効果が大きくなるよう、SGD にモーメンタム 0.9 を加えています（学習率は 0.01）。DDP にとっては何も変わりません。DDP は勾配を平均するだけで、オプティマイザはモーメンタムも含めて各プロセスでそのまま動きます。
 #
 # ランク 0 はエポックが終わるたびに**チェックポイント**を書き出します。中身はモデル、オプティマイザの状態、終わったエポック数、サンプラーのシードとエポック、そして履歴です。いったん一時ファイルに書いてから名前を変える（`os.replace`）ので、書き込み中に落ちても直前のチェックポイントは壊れません。その効果を確かめるため、最初の実行では最後のエポックの 1ステップ目でランク 0 を強制終了します（停電やメモリ不足でプロセスが強制終了されたときと同じ `SIGKILL` を使います）。グラフはランク 0 が描き、エポックが終わるたびにセルの中で更新されます。
 
