@@ -4,6 +4,7 @@ Fast tests run on a tiny en/ja notebook pair made here; the site tests build the
 notebook in notebooks/en and notebooks/ja (and fail when there are none).
 """
 import base64
+import functools
 import html
 import html.parser
 import importlib.util
@@ -178,12 +179,8 @@ def site_pages(site):
 
 def broken_links(site):
     """Every relative href/src in every page of ``site`` that does not lead to a file (or to a missing #id)."""
-    site, problems, cache = Path(site), [], {}
-
-    def parsed(path):  # each page parsed once (setdefault would parse it again for every link)
-        if path not in cache:
-            cache[path] = parse(path)
-        return cache[path]
+    site, problems = Path(site), []
+    parsed = functools.cache(parse)  # each page parsed once, however many links lead to it
 
     for path in site.rglob("*.html"):
         if "pagefind" in path.relative_to(site).parts:
