@@ -12,6 +12,7 @@ import ctypes
 import errno
 import functools
 import logging
+import multiprocessing
 import os
 import pickle
 import signal
@@ -23,6 +24,7 @@ import time
 import traceback
 from dataclasses import dataclass
 from datetime import timedelta
+from multiprocessing import forkserver
 from pathlib import Path
 
 try:
@@ -62,6 +64,7 @@ class _Run:
     interface: str | None  # the network interface holding ``host``, for gloo's connections between the ranks
     limit: float | None  # seconds the whole run may take
     box: str  # the run's private folder (0700): results, errors and "done" marks, written by the ranks alone
+    env: dict  # the launcher's environment when it called launch (a forked rank starts from the fork server's)
 
 
 def _check_importable(fn):
@@ -74,13 +77,13 @@ def _check_importable(fn):
     where = tr("in a notebook or script (module __main__)" if in_main else "inside another function or as a lambda",
                "ノートブックかスクリプト（モジュール __main__）" if in_main else "別の関数の中か lambda")
     raise LaunchError(tr(
-        f"The worker {name!r} is defined {where}, so the new processes cannot find it. A spawned process is a fresh "
-        "Python interpreter: it receives the function as 'module name + function name' (pickle) and imports it, and "
+        f"The worker {name!r} is defined {where}, so the new processes cannot find it. A new process starts without this "
+        "kernel's variables: it receives the function as 'module name + function name' (pickle) and imports it, and "
         "a notebook's __main__ exists only in this kernel. In a notebook, run `%load_ext mparlib.launch` once and "
         "start the worker's cell with `%%worker my_workers`; then `from my_workers import worker` and launch that. "
         "In a script, put the worker in a module of its own.",
-        f"ワーカー関数 {name!r} は{where}で定義されているため、新しいプロセスからは見つけられません。spawn で起動した"
-        "プロセスはまっさらな Python インタプリタで、関数を「モジュール名 + 関数名」として受け取り（pickle）、インポート"
+        f"ワーカー関数 {name!r} は{where}で定義されているため、新しいプロセスからは見つけられません。新しいプロセスは"
+        "このカーネルの変数を持たずに始まり、関数を「モジュール名 + 関数名」として受け取り（pickle）、インポート"
         "します。ノートブックの __main__ はこのカーネルの中にしかありません。ノートブックでは `%load_ext mparlib.launch` "
         "を一度実行し、ワーカーのセルを `%%worker my_workers` で始めてから、`from my_workers import worker` で"
         "インポートしたものを launch に渡してください。スクリプトでは、ワーカーを専用のモジュールに書きます。"))
@@ -245,6 +248,62 @@ def _end_all(processes):
     psutil.wait_procs(alive, timeout=5)
 
 
+def _launched_by(launcher):
+    """Whether this rank still hangs from ``launcher``: its parent (spawn), or the fork server that forked it, whose
+    parent is the launcher. A rank whose fork server has died is adopted by the launcher (a subreaper while it runs)."""
+    parent = os.getppid()
+    if parent == launcher:
+        return True
+    try:
+        return psutil.Process(parent).ppid() == launcher
+    except psutil.Error:
+        return False
+
+
+def _let_fork_server_go():
+    """In a rank forked by the fork server, close the rank's copy of the pipe that keeps the server running.
+
+    The server runs until every process holding that pipe's writing end has closed it: the launcher, and (as
+    ``multiprocessing`` hands them one) each process it forked. A rank that kept its copy would keep the server alive
+    after the launcher died, and the server's death is what ends the ranks (their ``PR_SET_PDEATHSIG``). With it
+    closed, a launcher that is killed takes the server with it, and the server its ranks. Does nothing in a rank
+    started by ``spawn``."""
+    server = forkserver._forkserver
+    if server._forkserver_alive_fd is not None:
+        os.close(server._forkserver_alive_fd)
+        server._forkserver_alive_fd = None
+
+
+def _forget_fork_server():
+    """In a copy of this process made by ``os.fork`` (an exercise check, a ``DataLoader`` worker): drop the fork
+    server, which belongs to the process that started it, so that a launch from the copy starts its own. The copy
+    also closes its copy of the pipe that keeps that server running (see :func:`_let_fork_server_go`)."""
+    server = forkserver._forkserver
+    alive = server._forkserver_alive_fd
+    server.__init__()  # no server, no address, a fresh lock
+    if alive is not None:
+        with contextlib.suppress(OSError):
+            os.close(alive)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_fork_server)
+
+
+def _start_method():
+    """``forkserver`` where the platform has it, else ``spawn``: see :func:`launch`.
+
+    The fork server is one process per launcher (a notebook's kernel), started at its first launch: a fresh
+    interpreter that imports PyTorch and this module once and then forks a rank per request. A rank is then as clean
+    as a spawned one (nothing of the launcher's state, CUDA never touched before it), without paying for ``import
+    torch`` again on every launch. It ends with the launcher."""
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return "spawn"
+    multiprocessing.set_forkserver_preload([__name__])
+    forkserver.ensure_running()
+    return "forkserver"
+
+
 def _entry(rank, run):
     """Body of each spawned process: tie it to the launcher, log to a file, join the group, make ``run.call``."""
     code = 1
@@ -252,8 +311,14 @@ def _entry(rank, run):
         if sys.platform == "linux":  # the kernel sends SIGKILL to this process the moment the launcher dies
             ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG (torch sets SIGINT, which may go unheard)
             ctypes.CDLL(None).prctl(36, 1)  # PR_SET_CHILD_SUBREAPER: the rank's orphaned descendants stay its own
-        if os.getppid() != run.parent:  # the launcher died before that took effect
+        if not _launched_by(run.parent):  # the launcher died before that took effect
             os._exit(1)
+        _let_fork_server_go()
+        torch.seed()  # a forked rank would share the fork server's generator state: seed it anew, as a fresh process
+        if "numpy.random" in sys.modules:  # is seeded (Python's random module reseeds itself in a forked child)
+            sys.modules["numpy.random"].seed()
+        os.environ.clear()
+        os.environ.update(run.env)
         fd = os.open(run.logs[rank], os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
         log = open(fd, "a", buffering=1, encoding="utf-8")
         os.dup2(log.fileno(), 1)  # the process's prints (and C++ warnings) go to its log, not to the notebook
@@ -297,7 +362,9 @@ def launch(fn, nproc, args=(), kwargs=None, *, backend="auto", port=None, host="
            log_dir=None, echo=True, show=None, timeout=None, limit=None):
     """Run ``fn(*args, **kwargs)`` in ``nproc`` new local processes and return rank 0's result. Explained in 06_ddp.
 
-    Each process is started fresh (``spawn``), gets the variables torchrun would set (``RANK``, ``WORLD_SIZE``,
+    Each process starts clean: it is forked from a fork server that has imported PyTorch and nothing of the caller's
+    state (:func:`_start_method`; ``spawn`` where the platform has no fork server), receives the caller's
+    environment, module path and working folder as they are at this call, gets the variables torchrun would set (``RANK``, ``WORLD_SIZE``,
     ``MASTER_ADDR``, ``MASTER_PORT``...), joins the process group and calls ``fn``, which must be importable (in a
     notebook: a ``%%worker`` cell). ``backend="auto"`` takes nccl when there is a GPU per process, else gloo on the
     CPU (:func:`~mparlib.rendezvous.describe` says which). Rank 0's output is echoed here as it comes (``echo``);
@@ -343,7 +410,7 @@ def launch(fn, nproc, args=(), kwargs=None, *, backend="auto", port=None, host="
             run = _Run(functools.partial(fn, *args, **(kwargs or {})), nproc, host, server.port, backend,
                        threads or (1 if backend == "nccl" else max(1, cores // nproc)), timeout,
                        tuple(str(logs / f"rank{r}.log") for r in range(nproc)), os.getpid(), interface_of(host), limit,
-                       box)
+                       box, dict(os.environ))
             return _supervise(run, server, echo, show)
     finally:
         del server  # the frames of an exception must not keep the port open
@@ -399,11 +466,13 @@ def _supervise(run, server, echo, show):
     level = spawn_log.level
     spawn_log.setLevel(logging.ERROR)  # torch's "Terminating process ..." (in English): our error says so
     was_subreaper = _subreaper(True)
-    known = {c.pid for c in psutil.Process().children()}  # this process's own children from before the run
+    start_method = _start_method()
+    known = {c.pid for c in psutil.Process().children()}  # this process's own children (the fork server among them)
     ranks = set()
     try:
         try:
-            ctx = mp.start_processes(_entry, args=(run,), nprocs=run.nproc, join=False, start_method="spawn")
+            ctx = mp.start_processes(_entry, args=(run,), nprocs=run.nproc, join=False,
+                                     start_method=start_method)
         except (pickle.PicklingError, AttributeError, TypeError):  # the call cannot travel: name what and why
             _check_picklable(run.call.func, run.call.args, run.call.keywords)
             raise

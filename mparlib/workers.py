@@ -1,9 +1,9 @@
 """Worker modules a notebook writes for itself: the ``%%worker`` cell magic.
 
-A spawned process imports its worker by module name, and a notebook's own functions live in ``__main__``, which
+A rank that ``launch`` starts imports its worker by module name, and a notebook's own functions live in ``__main__``, which
 no other process can import. The ``%%worker NAME`` cell magic (``%load_ext mparlib.launch`` first) turns a code
 cell into the module ``NAME`` in a temporary folder of this kernel, imports it, and puts the folder on the module
-search path that spawned processes inherit. Nothing is written into the course's folders. Explained in 06_ddp.
+search path that each launch hands its ranks. Nothing is written into the course's folders. Explained in 06_ddp.
 """
 import atexit
 import importlib
@@ -26,7 +26,7 @@ def worker_folder():
     if not _FOLDER:
         folder = tempfile.mkdtemp(prefix="mparlib-workers-")
         atexit.register(shutil.rmtree, folder, True)
-        sys.path.insert(0, folder)  # spawned processes receive the parent's sys.path
+        sys.path.insert(0, folder)  # each launch hands its ranks the launcher's sys.path
         _FOLDER.append(Path(folder))
     return _FOLDER[0]
 

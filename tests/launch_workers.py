@@ -94,15 +94,16 @@ def skips_collective(timeout_expected=True):
         time.sleep(600)  # far longer than any timeout the tests give
 
 
-def listening_addresses():
-    """Rank 0 returns the local addresses on which the launcher and every rank listen for connections."""
+def listening_addresses(launcher):
+    """Rank 0 returns the local addresses on which the launcher (pid ``launcher``) and every rank listen for
+    connections."""
     import psutil
 
     pids = [None] * dist.get_world_size()
     dist.all_gather_object(pids, os.getpid())
     found = []
     if dist.get_rank() == 0:
-        for pid in [os.getppid(), *pids]:
+        for pid in [launcher, *pids]:
             found += [(c.laddr.ip, c.laddr.port) for c in psutil.Process(pid).net_connections(kind="inet")
                       if c.status == psutil.CONN_LISTEN]
     dist.barrier()
@@ -231,3 +232,20 @@ def catches_everything(seconds=1000):
             time.sleep(seconds)
         except BaseException:  # noqa: BLE001 - the point of this worker
             pass
+
+
+def _gathered(value):
+    """``value`` of every rank, in rank order."""
+    values = [None] * dist.get_world_size()
+    dist.all_gather_object(values, value)
+    return values
+
+
+def what_the_rank_sees(variable, module):
+    """What a rank starts from: an environment variable, an importable module, the default dtype, the first random
+    number of each rank, the working folder, and its number of threads."""
+    import importlib
+
+    return {"variable": os.environ.get(variable), "module": importlib.import_module(module).VALUE,
+            "dtype": torch.get_default_dtype(), "random": _gathered(torch.rand(1).item()), "cwd": os.getcwd(),
+            "threads": torch.get_num_threads()}

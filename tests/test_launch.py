@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from launch_workers import (big_result, catches_everything, fails_after, returns_after, course_error, course_error_at_once, echo_arguments, exits_early, failing, killed_mid_run,
-                            listening_addresses, rank_sum, returns_at_once, returns_unpicklable,
+                            listening_addresses, rank_sum, returns_at_once, returns_unpicklable, what_the_rank_sees,
                             runs_forever_without_collectives, skips_collective, starts_children, forks_then_dies)
 from mparlib import launch, rendezvous
 from mparlib.errors import ConfigError, LaunchError, WorkerFailed
@@ -150,8 +150,7 @@ def test_a_wall_clock_limit_ends_ranks_that_never_call_a_collective(tmp_path):
     pids = [int(f.read_text()) for f in tmp_path.glob("rank*.pid") if f.read_text()]
     assert len(pids) == 2  # both ranks were running their worker when the limit ended them
     assert not any(_alive(p) for p in pids) and not multiprocessing.active_children()
-    assert not [c for c in psutil.Process().children() if c.name().startswith("python") and c.status() != "zombie"
-                and "spawn_main" in " ".join(c.cmdline())]
+    assert not _leftovers()
 
 
 @pytest.mark.slow
@@ -197,7 +196,7 @@ LOOPBACK = {"127.0.0.1", "::1", "::ffff:127.0.0.1"}
 
 @pytest.mark.slow
 def test_nothing_of_a_launch_listens_beyond_loopback():
-    got = launch.launch(listening_addresses, 2, echo=False)
+    got = launch.launch(listening_addresses, 2, args=(os.getpid(),), echo=False)
     assert (any(port == got["store_port"] for _, port in got["listening"])  # the store is among them
             and {ip for ip, _ in got["listening"]} <= LOOPBACK), got
 
@@ -240,6 +239,18 @@ def _wait_for_pids(folder, n, deadline=120):
             return [int(f.read_text()) for f in files]
         time.sleep(0.1)
     raise AssertionError(f"the ranks did not start within {deadline} s")
+
+
+def _leftovers():
+    """Processes below this one that are alive, other than the two servers of ``multiprocessing`` (the fork server,
+    which outlives each launch by design, and the resource tracker)."""
+    import psutil
+
+    servers = ("from multiprocessing.forkserver import main", "from multiprocessing.resource_tracker import main")
+    me = psutil.Process()
+    return [p for p in me.children(recursive=True)
+            if p.status() != psutil.STATUS_ZOMBIE and not (p.ppid() == me.pid and any(s in " ".join(p.cmdline())
+                                                                                       for s in servers))]
 
 
 def _alive(pid):
@@ -506,3 +517,44 @@ def test_the_limit_ends_ranks_that_catch_every_exception_and_ignore_signals():
     with pytest.raises(WorkerFailed, match="limit=5 s"):
         launch.launch(catches_everything, 2, echo=False, limit=5)
     assert time.monotonic() - start < 5 + 10
+
+
+@pytest.mark.slow
+def test_each_launch_starts_its_ranks_from_the_launchers_state_at_that_call(tmp_path, monkeypatch):
+    # The ranks are forked from one server per launcher, started at the first launch: what the launcher changed
+    # since (its environment, its module path, its folder) must still reach them, and nothing else of its state.
+    launch.launch(rank_sum, 2, echo=False)  # the fork server is up before the changes below
+    (tmp_path / "mparlib_test_late_module.py").write_text("VALUE = 'written after the first launch'\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("MPARLIB_TEST_LATE", "set after the first launch")
+    monkeypatch.chdir(tmp_path)
+    before = torch.get_default_dtype()
+    with torch.random.fork_rng():
+        torch.manual_seed(1234)  # the launcher's own state reaches no rank: each draws from a seed of its own
+        seeded = torch.rand(1).item()
+        torch.set_default_dtype(torch.float64)
+        try:
+            got, again = (launch.launch(what_the_rank_sees, 2, args=("MPARLIB_TEST_LATE", "mparlib_test_late_module"),
+                                        echo=False) for _ in range(2))
+        finally:
+            torch.set_default_dtype(before)
+    draws = got.pop("random") + again.pop("random")
+    assert len(set(draws)) == 4 and seeded not in draws, draws  # not the launcher's, not shared between ranks or runs
+    assert got == again == {"variable": "set after the first launch", "module": "written after the first launch",
+                            "dtype": torch.float32, "cwd": str(tmp_path),
+                            "threads": max(1, (os.cpu_count() or 1) // 2)}
+
+
+@pytest.mark.slow
+def test_a_killed_fork_server_is_started_again_by_the_next_launch():
+    import psutil
+    from multiprocessing import forkserver
+
+    launch.launch(rank_sum, 2, echo=False)
+    server = psutil.Process(forkserver._forkserver._forkserver_pid)
+    server.kill()  # as the kernel's out-of-memory killer would; left for multiprocessing to reap, as it does
+    deadline = time.monotonic() + 10
+    while server.status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert launch.launch(rank_sum, 2, echo=False) == 1.0
+    assert forkserver._forkserver._forkserver_pid != server.pid and not psutil.pid_exists(server.pid)

@@ -265,26 +265,31 @@ print(shares)
 # <!-- en -->
 # ## Starting processes from a notebook
 #
-# `launch(fn, nproc, args=(...), kwargs={...})` from `mparlib.launch` starts `nproc` fresh Python processes,
+# `launch(fn, nproc, args=(...), kwargs={...})` from `mparlib.launch` starts `nproc` new Python processes,
 # gives each the variables torchrun would set, joins them into a process group, calls `fn(*args, **kwargs)` in
 # each, and returns what rank 0's `fn` returned. It also shows rank 0's printed lines and its live plot in the
 # cell. Its own options (`backend`, `port`, `echo`, ...) are keyword-only, so they never take an argument meant for
 # the worker. The launcher hosts the rendezvous server itself, as torchrun does, and its processes end with it:
 # interrupting the cell, restarting the kernel or killing the launcher stops every rank.
 #
-# The worker `fn` must be importable. A new process is a fresh interpreter: it receives the function as
-# "module name + function name" (that is how `pickle` sends a function) and imports it. A function defined in a
-# cell belongs to the kernel's `__main__` module, which the new process does not have. With
+# The worker `fn` must be importable. A new process starts without the kernel's variables: it receives the
+# function as "module name + function name" (that is how `pickle` sends a function) and imports it. A function
+# defined in a cell belongs to the kernel's `__main__` module, which the new process does not have. With
 # `torch.multiprocessing.spawn` the new process fails with `AttributeError: Can't get attribute 'worker' on
 # <module '__main__' (built-in)>`, and the notebook sees only `ProcessExitedException: process 0 terminated with
-# exit code 1`. (Starting processes by `fork`, which copies the kernel, avoids the import but is unsafe once CUDA
-# has been used, so PyTorch spawns.) `launch` checks this before starting anything:
+# exit code 1`. (Starting processes by `fork`, which copies the kernel, avoids the import but is unsafe once the
+# kernel has used CUDA or started threads, so PyTorch spawns: every process is a new interpreter that imports
+# PyTorch again. `launch` takes the third way Python offers, a **fork server**: its first run starts one new
+# interpreter that imports PyTorch and nothing of the kernel, and every rank of every later run is forked from that
+# clean process, so it starts with PyTorch already loaded. On the 2-core machine the course is tested on, a launch
+# of 2 ranks that do almost nothing took 1.2 s with spawn and 0.07 s from the fork server
+# (`benchmarks/launch_start.py`).) `launch` checks this before starting anything:
 # <!-- ja -->
 # ## ノートブックからのプロセスの起動
 #
 # `mparlib.launch` の `launch(fn, nproc, args=(...), kwargs={...})` は、新しい Python プロセスを `nproc` 個起動し、torchrun が設定するのと同じ環境変数を渡してプロセスグループを作り、各プロセスで `fn(*args, **kwargs)` を呼び出して、ランク 0 の `fn` の戻り値を返します。ランク 0 が表示する行とライブ表示のグラフも、セルの中に表示します。`launch` 自身のオプション（`backend`、`port`、`echo` など）はキーワード専用なので、ワーカーに渡すつもりの引数を横取りすることはありません。ランデブーのサーバーは torchrun と同じく起動する側が受け持ち、起動したプロセスは `launch` と運命をともにします。セルを中断しても、カーネルを再起動しても、起動したプログラムを強制終了しても、すべてのランクが止まります。
 #
-# ワーカー関数 `fn` はインポートできなければなりません。新しいプロセスはまっさらなインタプリタです。関数は「モジュール名 + 関数名」として届き（`pickle` は関数をこの形で送ります）、新しいプロセスがそれをインポートします。セルで定義した関数はカーネルの `__main__` モジュールに属しますが、新しいプロセスにはそのモジュールがありません。`torch.multiprocessing.spawn` を使うと、新しいプロセスは `AttributeError: Can't get attribute 'worker' on <module '__main__' (built-in)>` で失敗し、ノートブックには `ProcessExitedException: process 0 terminated with exit code 1` しか届きません（カーネルを丸ごと複製する `fork` で起動すればインポートは不要ですが、CUDA を使ったあとでは安全ではないため、PyTorch は spawn で起動します）。`launch` はプロセスを起動する前にこれを確かめます。
+# ワーカー関数 `fn` はインポートできなければなりません。新しいプロセスはカーネルの変数を持たずに始まります。関数は「モジュール名 + 関数名」として届き（`pickle` は関数をこの形で送ります）、新しいプロセスがそれをインポートします。セルで定義した関数はカーネルの `__main__` モジュールに属しますが、新しいプロセスにはそのモジュールがありません。`torch.multiprocessing.spawn` を使うと、新しいプロセスは `AttributeError: Can't get attribute 'worker' on <module '__main__' (built-in)>` で失敗し、ノートブックには `ProcessExitedException: process 0 terminated with exit code 1` しか届きません（カーネルを丸ごと複製する `fork` で起動すればインポートは不要ですが、カーネルが CUDA を使ったりスレッドを起動したりしたあとでは安全ではないため、PyTorch は spawn で起動します。spawn ではプロセスごとに新しいインタプリタが PyTorch をインポートし直します。`launch` は Python が用意している 3つ目の方法、**フォークサーバー**（fork server）を使います。最初の実行で、PyTorch だけをインポートし、カーネルのものは何も持たないインタプリタを 1つ起動し、以後の実行のランクはすべてこのまっさらなプロセスから fork するので、ランクは PyTorch を読み込んだ状態で始まります。このコースをテストしている CPU コア 2個のマシンでは、ほとんど何もしないランク 2個の起動が、spawn では 1.2秒、フォークサーバーからでは 0.07秒でした（`benchmarks/launch_start.py`）。）`launch` はプロセスを起動する前にこれを確かめます。
 
 # %% tags=["raises-exception"]
 def worker():
