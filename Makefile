@@ -68,6 +68,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/parallel_overhead.py
 	$(PY) benchmarks/ddp_throughput.py
 	$(PY) benchmarks/train_throughput.py
+	$(PY) benchmarks/launch_start.py
 	$(PY) benchmarks/collectives.py
 	$(PY) benchmarks/sharding.py
 	$(PY) benchmarks/pipeline.py

@@ -12,6 +12,7 @@ training steps on it, and measures a step's peak memory (:class:`StepMemory`) an
 import functools
 import math
 import os
+import threading
 import time
 import weakref
 
@@ -173,24 +174,33 @@ class StepMemory(TorchDispatchMode):
     this is the exact peak of what lives across operators. Pass ``parts_at=peak_op`` in a second, identical step to
     get ``parts``, the split at that moment into ``params``, ``grads``, ``optimizer`` and ``other`` (activations,
     temporaries, buffers of collectives). DTensors count their local shards, as everywhere in the course.
+
+    A collective's buffer is freed by whichever thread lets go of it last: gloo's worker thread may still hold it
+    for a moment after the call has returned, and then frees it (and this count drops it) there, later. The total
+    is kept under a lock for that reason, and two identical steps may differ by such a buffer at their peaks.
     """
 
     def __init__(self, model, optimizer=None, parts_at=None):
         super().__init__()
         self.model, self.optimizer, self.parts_at = model, optimizer, parts_at
         self.live, self.total, self.ops, self.peak, self.peak_op, self.parts = {}, 0, 0, 0, 0, None
+        self.lock = threading.RLock()  # re-entrant: a storage may be freed on this thread while it adds another
 
     def _add(self, t):
         found = _storage(t) if isinstance(t, torch.Tensor) else None
-        if found is None or found[0] in self.live or not found[2]:
+        if found is None or not found[2]:
             return
         key, storage, nbytes = found
-        self.live[key] = nbytes
-        self.total += nbytes
+        with self.lock:
+            if key in self.live:
+                return
+            self.live[key] = nbytes
+            self.total += nbytes
         weakref.finalize(storage, self._drop, key)
 
     def _drop(self, key):
-        self.total -= self.live.pop(key, 0)
+        with self.lock:
+            self.total -= self.live.pop(key, 0)
 
     def split(self):
         """The bytes live now, split into params, grads, optimizer (each storage once) and other."""
@@ -348,7 +358,7 @@ def run_layout(config, layout, batches, *, lr=0.05, adam_lr=1e-3, timed=3, seed=
     check (``losses``: the global mean loss of each step); then Adam: one warm-up step (Adam creates its state),
     two identical steps inside :class:`StepMemory` (``memory``: the largest rank's ``peak`` of all it holds, the
     split of that peak into parameters, gradients, optimizer state and other, each rank's peak, and each rank's
-    peak in the repeated step, which must be the same), and
+    peak in the repeated step, the same but for a collective's buffer freed late: :class:`StepMemory`), and
     ``timed`` steps after one more warm-up, each between barriers (``step``: the summary of a
     :class:`~mparlib.timing.Timing`, the slowest rank's time per step).
     """

@@ -59,8 +59,12 @@ def test_every_layout_on_8_ranks_trains_like_one_process_and_counts_its_memory()
     shards = [sum(c[r].numel() if r < len(c) else 0 for c in (torch.chunk(p, 8) for p in model.parameters()))
               for r in range(8)]  # a little larger on the first ranks; the largest peak may be on any rank
     assert fsdp["optimizer"] in {4 * tensors + 8 * s for s in shards} and max(shards) < 1.1 * n / 8
-    for r in (report["layouts"][0], report["layouts"][4]):  # no tensor parallelism: the same operators each step
-        assert r["memory"]["per_rank"] == r["memory"]["repeated"]
+    for r in (report["layouts"][0], report["layouts"][4]):  # no tensor parallelism: the same operators each step.
+        # The one difference allowed: the flat vector of the gradients' all-reduce (4 n bytes at most) is freed by
+        # whichever thread lets go of it last, this rank's or gloo's worker thread (StepMemory's docstring), so a
+        # rank's peak may include it in one step and not in the next. Most ranks must match to the byte.
+        pairs = list(zip(r["memory"]["per_rank"], r["memory"]["repeated"]))
+        assert all(abs(a - b) <= 4 * n for a, b in pairs) and sum(a == b for a, b in pairs) >= 6, (r["name"], pairs)
 
 
 def test_step_memory_finds_the_same_peak_as_chapter_9s_peak_memory():
