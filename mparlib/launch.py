@@ -64,7 +64,7 @@ class _Run:
     interface: str | None  # the network interface holding ``host``, for gloo's connections between the ranks
     limit: float | None  # seconds the whole run may take
     box: str  # the run's private folder (0700): results, errors and "done" marks, written by the ranks alone
-    env: dict  # the launcher's environment when it called launch (a forked rank starts from the fork server's)
+    env: dict  # the launcher's environment at this call (a forked rank starts from the fork server's)
 
 
 def _check_importable(fn):
@@ -296,12 +296,41 @@ def _start_method():
     The fork server is one process per launcher (a notebook's kernel), started at its first launch: a fresh
     interpreter that imports PyTorch and this module once and then forks a rank per request. A rank is then as clean
     as a spawned one (nothing of the launcher's state, CUDA never touched before it), without paying for ``import
-    torch`` again on every launch. It ends with the launcher."""
+    torch`` again on every launch. It ends with the launcher, and is replaced when a variable read at import has
+    changed since it started (see ``_SERVER_ENVIRONMENT``)."""
     if "forkserver" not in multiprocessing.get_all_start_methods():
         return "spawn"
+    server, environment = forkserver._forkserver, _read_at_import()
+    if server._forkserver_pid is not None and _SERVER_ENVIRONMENT.get(server._forkserver_pid) != environment:
+        _stop_fork_server()  # see _SERVER_ENVIRONMENT
     multiprocessing.set_forkserver_preload([__name__])
     forkserver.ensure_running()
+    _SERVER_ENVIRONMENT.clear()
+    _SERVER_ENVIRONMENT[server._forkserver_pid] = environment
     return "forkserver"
+
+
+# The variables read at import that the fork server was started with, by its pid. A rank sets the launch's whole
+# environment when it starts (``_Run.env``), but PyTorch and the libraries it loads read some variables once, at
+# import, in the server (TORCH_DISTRIBUTED_DEBUG, TORCH_LOGS, OMP_*, ...): a launch made with other values of
+# those than the server's replaces the server, so that each rank sees the environment of the launch that started
+# it, as a spawned one does.
+_SERVER_ENVIRONMENT = {}
+_AT_IMPORT = ("TORCH", "PYTORCH", "OMP_", "KMP_", "MKL_", "GLOO_", "NCCL_", "CUDA", "LD_", "PYTHON", "TRITON")
+
+
+def _read_at_import():
+    """The variables of this process's environment that PyTorch and its libraries may read at import."""
+    return {k: v for k, v in os.environ.items() if k.startswith(_AT_IMPORT)}
+
+
+def _stop_fork_server():
+    """End the fork server (it exits when its pipe closes) and forget it; the next launch starts another."""
+    server = forkserver._forkserver
+    try:
+        server._stop()
+    except ChildProcessError:  # it had ended and was reaped by other code of this process
+        _forget_fork_server()
 
 
 def _entry(rank, run):
@@ -314,11 +343,11 @@ def _entry(rank, run):
         if not _launched_by(run.parent):  # the launcher died before that took effect
             os._exit(1)
         _let_fork_server_go()
+        os.environ.clear()
+        os.environ.update(run.env)
         torch.seed()  # a forked rank would share the fork server's generator state: seed it anew, as a fresh process
         if "numpy.random" in sys.modules:  # is seeded (Python's random module reseeds itself in a forked child)
             sys.modules["numpy.random"].seed()
-        os.environ.clear()
-        os.environ.update(run.env)
         fd = os.open(run.logs[rank], os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
         log = open(fd, "a", buffering=1, encoding="utf-8")
         os.dup2(log.fileno(), 1)  # the process's prints (and C++ warnings) go to its log, not to the notebook
@@ -363,9 +392,9 @@ def launch(fn, nproc, args=(), kwargs=None, *, backend="auto", port=None, host="
     """Run ``fn(*args, **kwargs)`` in ``nproc`` new local processes and return rank 0's result. Explained in 06_ddp.
 
     Each process starts clean: it is forked from a fork server that has imported PyTorch and nothing of the caller's
-    state (:func:`_start_method`; ``spawn`` where the platform has no fork server), receives the caller's
-    environment, module path and working folder as they are at this call, gets the variables torchrun would set (``RANK``, ``WORLD_SIZE``,
-    ``MASTER_ADDR``, ``MASTER_PORT``...), joins the process group and calls ``fn``, which must be importable (in a
+    state (:func:`_start_method`; ``spawn`` where the platform has no fork server), has the caller's environment,
+    module path and working folder as they are at this call, gets the variables torchrun would set (``RANK``,
+    ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``...), joins the process group and calls ``fn``, which must be importable (in a
     notebook: a ``%%worker`` cell). ``backend="auto"`` takes nccl when there is a GPU per process, else gloo on the
     CPU (:func:`~mparlib.rendezvous.describe` says which). Rank 0's output is echoed here as it comes (``echo``);
     each rank appends to ``log_dir/rank{r}.log`` (a temporary folder by default). ``show`` names a PNG that rank 0

@@ -243,9 +243,9 @@ def _gathered(value):
 
 def what_the_rank_sees(variable, module):
     """What a rank starts from: an environment variable, an importable module, the default dtype, the first random
-    number of each rank, the working folder, and its number of threads."""
+    number of each rank, the working folder, its number of threads, and the debug level PyTorch read at import."""
     import importlib
 
     return {"variable": os.environ.get(variable), "module": importlib.import_module(module).VALUE,
             "dtype": torch.get_default_dtype(), "random": _gathered(torch.rand(1).item()), "cwd": os.getcwd(),
-            "threads": torch.get_num_threads()}
+            "threads": torch.get_num_threads(), "debug": str(dist.get_debug_level())}

@@ -522,11 +522,13 @@ def test_the_limit_ends_ranks_that_catch_every_exception_and_ignore_signals():
 @pytest.mark.slow
 def test_each_launch_starts_its_ranks_from_the_launchers_state_at_that_call(tmp_path, monkeypatch):
     # The ranks are forked from one server per launcher, started at the first launch: what the launcher changed
-    # since (its environment, its module path, its folder) must still reach them, and nothing else of its state.
+    # since (its environment, even what PyTorch reads at import, its module path, its folder) must still reach them,
+    # and nothing else of its state.
     launch.launch(rank_sum, 2, echo=False)  # the fork server is up before the changes below
     (tmp_path / "mparlib_test_late_module.py").write_text("VALUE = 'written after the first launch'\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setenv("MPARLIB_TEST_LATE", "set after the first launch")
+    monkeypatch.setenv("TORCH_DISTRIBUTED_DEBUG", "DETAIL")  # read once, when torch.distributed is imported
     monkeypatch.chdir(tmp_path)
     before = torch.get_default_dtype()
     with torch.random.fork_rng():
@@ -542,7 +544,7 @@ def test_each_launch_starts_its_ranks_from_the_launchers_state_at_that_call(tmp_
     assert len(set(draws)) == 4 and seeded not in draws, draws  # not the launcher's, not shared between ranks or runs
     assert got == again == {"variable": "set after the first launch", "module": "written after the first launch",
                             "dtype": torch.float32, "cwd": str(tmp_path),
-                            "threads": max(1, (os.cpu_count() or 1) // 2)}
+                            "threads": max(1, (os.cpu_count() or 1) // 2), "debug": "DebugLevel.DETAIL"}
 
 
 @pytest.mark.slow
