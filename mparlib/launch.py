@@ -260,24 +260,15 @@ def _launched_by(launcher):
         return False
 
 
-def _let_fork_server_go():
-    """In a rank forked by the fork server, close the rank's copy of the pipe that keeps the server running.
-
-    The server runs until every process holding that pipe's writing end has closed it: the launcher, and (as
-    ``multiprocessing`` hands them one) each process it forked. A rank that kept its copy would keep the server alive
-    after the launcher died, and the server's death is what ends the ranks (their ``PR_SET_PDEATHSIG``). With it
-    closed, a launcher that is killed takes the server with it, and the server its ranks. Does nothing in a rank
-    started by ``spawn``."""
-    server = forkserver._forkserver
-    if server._forkserver_alive_fd is not None:
-        os.close(server._forkserver_alive_fd)
-        server._forkserver_alive_fd = None
-
-
 def _forget_fork_server():
-    """In a copy of this process made by ``os.fork`` (an exercise check, a ``DataLoader`` worker): drop the fork
-    server, which belongs to the process that started it, so that a launch from the copy starts its own. The copy
-    also closes its copy of the pipe that keeps that server running (see :func:`_let_fork_server_go`)."""
+    """Drop the fork server of the process this one was forked from, and close this copy of the pipe that keeps
+    that server running; a launch from here then starts a server of its own.
+
+    Runs in every copy made by ``os.fork`` (an exercise check, a ``DataLoader`` worker), and in each rank once
+    ``multiprocessing`` has handed it that pipe. The server runs until every holder of the pipe's writing end has
+    closed it: a rank that kept its copy would keep the server alive after the launcher died, and the server's
+    death is what ends the ranks (their ``PR_SET_PDEATHSIG``). With it closed, a killed launcher takes the server
+    with it, and the server its ranks."""
     server = forkserver._forkserver
     alive = server._forkserver_alive_fd
     server.__init__()  # no server, no address, a fresh lock
@@ -342,7 +333,7 @@ def _entry(rank, run):
             ctypes.CDLL(None).prctl(36, 1)  # PR_SET_CHILD_SUBREAPER: the rank's orphaned descendants stay its own
         if not _launched_by(run.parent):  # the launcher died before that took effect
             os._exit(1)
-        _let_fork_server_go()
+        _forget_fork_server()  # forked by the fork server: let it end with the launcher
         os.environ.clear()
         os.environ.update(run.env)
         torch.seed()  # a forked rank would share the fork server's generator state: seed it anew, as a fresh process
@@ -394,8 +385,8 @@ def launch(fn, nproc, args=(), kwargs=None, *, backend="auto", port=None, host="
     Each process starts clean: it is forked from a fork server that has imported PyTorch and nothing of the caller's
     state (:func:`_start_method`; ``spawn`` where the platform has no fork server), has the caller's environment,
     module path and working folder as they are at this call, gets the variables torchrun would set (``RANK``,
-    ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``...), joins the process group and calls ``fn``, which must be importable (in a
-    notebook: a ``%%worker`` cell). ``backend="auto"`` takes nccl when there is a GPU per process, else gloo on the
+    ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``...), joins the process group and calls ``fn``, which must be
+    importable (in a notebook: a ``%%worker`` cell). ``backend="auto"`` takes nccl when there is a GPU per process, else gloo on the
     CPU (:func:`~mparlib.rendezvous.describe` says which). Rank 0's output is echoed here as it comes (``echo``);
     each rank appends to ``log_dir/rank{r}.log`` (a temporary folder by default). ``show`` names a PNG that rank 0
     rewrites (an :class:`~mparlib.plot.Animator` file): in Jupyter it is shown and updated in the cell. ``port=None``
