@@ -845,16 +845,16 @@ def save_and_get_killed(root, victim=1):
 
 # %% [markdown]
 # <!-- en -->
-# The training run uses 12,000 training images for two epochs (a global batch of 96, 48 per rank) in the `smoke`
-# profile, the whole training set for two epochs in the `full` profile. Rank 0 prints its progress.
+# The training run uses 12,000 training images for two epochs (a global batch of 192, 96 per rank: 124 steps) in
+# the `smoke` profile, the whole training set for two epochs in the `full` profile. Rank 0 prints its progress.
 # <!-- ja -->
-# 訓練には、`smoke` プロファイルでは訓練画像 12,000枚を 2エポック（全体のバッチサイズ 96、ランクごとに 48）、`full` プロファイルでは訓練データ全体を 2エポック使います。ランク 0 が進み具合を表示します。
+# 訓練には、`smoke` プロファイルでは訓練画像 12,000枚を 2エポック（全体のバッチサイズ 192、ランクごとに 96。124ステップ）、`full` プロファイルでは訓練データ全体を 2エポック使います。ランク 0 が進み具合を表示します。
 
 # %% tags=["nbval-ignore-output"]
 from fsdp_workers import Checkpointed, fsdp_run, save_and_get_killed
 
 if PROFILE == "smoke":
-    learning = dict(images=12000, batch=96, epochs=2, lr=5e-3)
+    learning = dict(images=12000, batch=192, epochs=2, lr=1e-2)
 else:
     learning = dict(images=60000, batch=256, epochs=2, lr=5e-3)
 workdir = tempfile.TemporaryDirectory(prefix="mparlib-09-")
