@@ -29,7 +29,7 @@ def _cases_01_1():
     return fixed + [(rng.randint(1, 300), rng.randint(1, 9)) for _ in range(30)]
 
 
-@exercise("01.1", title=("Chunk sizes", "チャンクの大きさ"), hints=[
+@exercise("01.1", title=("Chunk sizes", "チャンクの大きさ"), apart=True, hints=[
     ("Look at the section 'What one forward pass does' and the figure of three cases: which rule does scatter "
      "follow?",
      "「1回の順伝播で起きること」の節と、3つの場合の図を見てください。分配はどの規則に従っていますか。"),
@@ -78,7 +78,7 @@ def _cases_01_2():
                     for _ in range(30)]
 
 
-@exercise("01.2", title=("Linear scaling with warm-up", "ウォームアップ付きの線形スケーリング則"), hints=[
+@exercise("01.2", title=("Linear scaling with warm-up", "ウォームアップ付きの線形スケーリング則"), apart=True, hints=[
     ("Read 'Batch size and learning rate': what happens to the learning rate when the global batch grows k-fold, "
      "and how does a warm-up start?",
      "「バッチサイズと学習率」を読んでください。全体のバッチが k倍になると学習率はどうなり、ウォームアップは"

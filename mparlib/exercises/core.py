@@ -34,6 +34,7 @@ import torch
 from ..errors import ConfigError, MparlibError, WorkerFailed
 from ..files import atomic_write_bytes
 from ..lang import tr
+from . import sandbox
 
 NUMBER = re.compile(r"^(\d\d)\.(\d+)$")
 HERE = Path(__file__).resolve().parent
@@ -79,6 +80,7 @@ class Exercise:
     needs: str | None = None
     title: tuple | None = None
     limit: float = 30.0
+    apart: bool = False
 
     def hint_text(self, level):
         """The hint of ``level`` (1 = where to look ... last = nearly the code), in the learner's language."""
@@ -97,13 +99,15 @@ SHOWN = {}  # number -> the last hint level hint() showed
 LIMITS = {None: 30.0, "gpu": 30.0, "processes": 240.0}  # seconds a whole check may run (about 10x its longest here)
 
 
-def exercise(number, hints, mistakes=None, needs=None, title=None, limit=None):
+def exercise(number, hints, mistakes=None, needs=None, title=None, limit=None, apart=False):
     """Register the decorated function as the check of exercise ``number`` ("01.1"). For check authors: see the package docstring.
 
     ``hints``: two or more ``(en, ja)`` pairs, level 1 first (where to look), the last nearly the code, never the
     answer. ``mistakes``: ``{key: (en, ja)}``, the hint for each likely mistake a :func:`wrong` outcome can name.
     ``needs``: ``None``, ``"gpu"`` (else the outcome is "cannot run here") or ``"processes"`` (distributed).
     ``limit``: seconds the whole check may run before its process is ended (default: :data:`LIMITS` by ``needs``).
+    ``apart``: the check runs in the kernel and every :func:`call` of the learner's code in a clean worker process
+    (:mod:`~mparlib.exercises.sandbox`): the check's values and verdict stay out of the answer's reach.
     """
     if not (isinstance(number, str) and NUMBER.match(number)):
         raise ConfigError(f"exercise({number!r}): use a number like '01.1' (chapter.exercise).")
@@ -115,7 +119,7 @@ def exercise(number, hints, mistakes=None, needs=None, title=None, limit=None):
 
     def register(fn):
         REGISTRY[number] = Exercise(number, fn, list(hints), dict(mistakes or {}), needs, title,
-                                    float(limit or LIMITS[needs]))
+                                    float(limit or LIMITS[needs]), bool(apart))
         return fn
 
     return register
@@ -278,6 +282,8 @@ def call(fn, *args, on_error=None, **kwargs):
     if not callable(fn):
         raise Stop(wrong(tr(f"Pass your function to check (got {type(fn).__name__}).",
                             f"check には関数を渡してください（渡されたのは {type(fn).__name__}）。"), "shape"))
+    if sandbox.apart():  # the check runs here, the learner's code in a clean worker
+        return sandbox.run_apart(_call_here, fn, args, kwargs, on_error)
     try:
         return fn(*args, **kwargs)
     except NotImplementedError:
@@ -286,6 +292,16 @@ def call(fn, *args, on_error=None, **kwargs):
         outcome = learner_error(e)
         outcome.hint_key = safe_key(on_error, e)
         raise Stop(outcome) from None
+
+
+def _call_here(fn, args, kwargs, on_error):
+    """:func:`call` in the worker that runs the learner's code (see :mod:`~mparlib.exercises.sandbox`)."""
+    return call(fn, *args, on_error=on_error, **kwargs)
+
+
+def _call_each(fn, cases):
+    """``fn(*case)`` for every case, in the worker: the values as plain data, for :func:`compare_cases`."""
+    return [sandbox.plain(call(fn, *case)) for case in cases]
 
 
 def safe_key(on_error, exc):
@@ -334,6 +350,9 @@ def decide(ex, answer, options):
                              "わけではありません。GPU のあるマシンでチェックしてください。"))
     if callable(answer) and is_starter(answer):
         return not_attempted()
+    if ex.apart:
+        with sandbox.judged_apart(ex.limit):
+            return judge(ex, answer, options)
     if not killable():
         return judge(ex, answer, options)
     return judge_in_child(ex, answer, options)
@@ -514,8 +533,11 @@ def compare_cases(answer, cases, reference, detectors=(), same=None):
     For check authors: see the package docstring.
     """
     same = same or close_enough
-    for case in cases:
-        got, expected = call(answer, *case), reference(*case)
+    if not callable(answer):
+        call(answer)  # says what to pass instead
+    values = sandbox.run_apart(_call_each, answer, cases) if sandbox.apart() else None  # one worker for all cases
+    for i, case in enumerate(cases):
+        got, expected = call(answer, *case) if values is None else values[i], reference(*case)
         if same(got, expected):
             continue
         key = next((k for k, predicate in detectors if safe(predicate, case, got, expected)), None)
