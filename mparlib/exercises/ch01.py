@@ -2,7 +2,6 @@
 
 Explained in 01_dataparallel.
 """
-import copy
 import math
 import random
 
@@ -11,7 +10,7 @@ from torch import nn
 
 from ..lang import tr
 from ..parallel import data_parallel
-from .core import call, compare_cases, exercise, ratio, right, wrong
+from .core import call, compare_cases, exercise, in_worker, ratio, right, wrong
 
 
 def _chunks(batch, k):
@@ -139,7 +138,14 @@ def _reference_step(net, X, Y, lr):
     optimizer.step()
 
 
-@exercise("01.3", title=("One step on simulated devices", "模擬デバイスでの 1ステップ"), hints=[
+def _their_step(answer, devices, lr):
+    """Where the learner's code runs: their step on the check's model; its parameters after, and the rows seen."""
+    theirs, log, X, Y = _step_models()
+    call(answer, theirs, X, Y, list(devices), lr)
+    return [p.detach().clone() for p in theirs.parameters()], list(log)
+
+
+@exercise("01.3", title=("One step on simulated devices", "模擬デバイスでの 1ステップ"), apart=True, hints=[
     ("Look at the one-step comparison in 'Batch size and learning rate'.",
      "「バッチサイズと学習率」の 1ステップの比較を見てください。"),
     ("Run the forward pass through data_parallel(model, X, devices), compute one loss on the gathered output, "
@@ -167,15 +173,17 @@ def _reference_step(net, X, Y, lr):
 })
 def check_01_3(answer, devices=("cpu",) * 4, lr=0.1):
     """The check of exercise 01.3, "One step on simulated devices". Explained in 01_dataparallel."""
-    net, log, X, Y = _step_models()
-    theirs = copy.deepcopy(net)
-    theirs[0].log = log
+    net, _, X, Y = _step_models()
     before = [p.detach().clone() for p in net.parameters()]
     _reference_step(net, X, Y, lr)
-    log.clear()
-    call(answer, theirs, X, Y, list(devices), lr)
+    params, log = in_worker(_their_step, answer, devices, lr)
+    if [tuple(p.shape) for p in params] != [tuple(b.shape) for b in before]:
+        return wrong(tr("Your step changed the model's parameters themselves (their number or shapes): update their "
+                        "values only.",
+                        "あなたのステップがモデルのパラメータそのもの（数や形状）を変えました。値だけを更新してください。"))
+    names = [n for n, _ in net.named_parameters()]
     expected = torch.cat([(p.detach() - b).flatten() for p, b in zip(net.parameters(), before)])
-    got = torch.cat([(p.detach() - b).flatten() for p, b in zip(theirs.parameters(), before)])
+    got = torch.cat([(p - b).flatten() for p, b in zip(params, before)])
     gap = (got - expected).abs().max().item()
     if gap < 1e-10:
         if max(log, default=0) >= X.shape[0]:
@@ -186,7 +194,7 @@ def check_01_3(answer, devices=("cpu",) * 4, lr=0.1):
                         f"1つのデバイスでの 1ステップと同じパラメータです（最大の差 {gap:.1e}）。バッチは {log} に"
                         "分けられました。"))
     scale = ratio(got.norm().item(), expected.norm().item()) or 0.0
-    name = next(n for n, p in theirs.named_parameters())
+    name = names[0]
     proportional = any(torch.allclose(got, f * expected, rtol=1e-6, atol=1e-12) for f in (len(devices),
                                                                                          1 / len(devices)))
     key = "no_step" if scale < 1e-6 else "lr_scaled" if proportional else \

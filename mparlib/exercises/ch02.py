@@ -7,7 +7,7 @@ from torch import nn
 
 from ..lang import tr
 from ..wrapper import AttrDataParallel
-from .core import call, exercise, right, wrong
+from .core import call, exercise, in_worker, right, wrong
 
 
 class _Model(nn.Module):
@@ -41,7 +41,7 @@ NAMES_02_1 = ["forward", "predict", "module", "device_ids", "class_names", "head
               "scale", "parameters", "no_such_name", "body", "output_device"]
 
 
-@exercise("02.1", title=("Who answers the name?", "名前に答える側の判定"), hints=[
+@exercise("02.1", title=("Who answers the name?", "名前に答える側の判定"), apart=True, hints=[
     ("Read 'Where attributes live' and the lookup order listed under 'A subclass that works'.",
      "「属性の置き場所」と、「正しく動くサブクラス」の下にある探索の順序を読んでください。"),
     ("Three places belong to the wrapper: its instance __dict__, its class (with the parents), and nn.Module's "
@@ -91,7 +91,14 @@ def _states_02_2():
     yield {"module.module.weight": torch.zeros(2), "module.embedding.weight": torch.ones(3)}
 
 
-@exercise("02.2", title=("Removing the `module.` prefix", "`module.` の接頭辞の除去"), hints=[
+def _their_strip(answer, state):
+    """Where the learner's code runs: their renamed dict, and whether they changed the one they were given."""
+    before = dict(state)
+    got = call(answer, state)
+    return got, state != before or list(state) != list(before)
+
+
+@exercise("02.2", title=("Removing the `module.` prefix", "`module.` の接頭辞の除去"), apart=True, hints=[
     ("See 'Checkpoints across wrapped and plain models': which keys does a wrapper add, and where?",
      "「ラップしたモデルとしていないモデルの間のチェックポイント」を見てください。ラッパーはどのキーの、どこに何を"
      "加えますか。"),
@@ -121,9 +128,9 @@ def check_02_2(answer):
     """The check of exercise 02.2, "Removing the `module.` prefix". Explained in 02_wrapped_attributes."""
     for state in _states_02_2():
         before = dict(state)
-        got = call(answer, state)
+        got, mutated = in_worker(_their_strip, answer, state)
         expected = _strip(before)
-        if state != before or list(state) != list(before):
+        if mutated:
             return wrong(tr("Your function changed the dict it was given.", "関数が受け取った dict を変えました。"),
                          "mutated")
         if not isinstance(got, dict) or list(got) != list(expected):
@@ -134,7 +141,7 @@ def check_02_2(answer):
             return wrong(tr(f"For keys {list(before)[:4]}... your keys are {keys}.",
                             f"キー {list(before)[:4]}... に対するあなたのキーは {keys} です。"),
                          "lstrip" if lost else "everywhere" if inner else None)
-        if any(got[k] is not expected[k] and not torch.equal(got[k], expected[k]) for k in expected):
+        if any(not (isinstance(got[k], torch.Tensor) and torch.equal(got[k], expected[k])) for k in expected):
             return wrong(tr("A value changed on the way.", "途中で値が変わりました。"), "values")
     return right(tr("Right for wrapped, plain and tricky state dicts.",
                     "ラップしたもの、していないもの、紛らわしいもの、どの状態辞書でも正しい答えです。"))
@@ -157,7 +164,14 @@ def _cases_02_3():
     return [(model, partial), (model, with_extra), (model, no_stats), (model, wrapped), (model, full)]
 
 
-@exercise("02.3", title=("What a load would miss", "読み込みで足りないもの"), hints=[
+def _their_report(answer, model, state):
+    """Where the learner's code runs: their report, and whether it changed the model's values (a load)."""
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    got = call(answer, model, dict(state))
+    return got, any(k not in before or not torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+@exercise("02.3", title=("What a load would miss", "読み込みで足りないもの"), apart=True, hints=[
     ("Look at the error a strict load_state_dict prints in 'Checkpoints across wrapped and plain models', and at "
      "the model's state dict: which entries does it have besides the parameters?",
      "「ラップしたモデルとしていないモデルの間のチェックポイント」で厳密な load_state_dict が表示するエラーと、"
@@ -181,10 +195,9 @@ def _cases_02_3():
 def check_02_3(answer):
     """The check of exercise 02.3, "What a load would miss". Explained in 02_wrapped_attributes."""
     for model, state in _cases_02_3():
-        before = {k: v.clone() for k, v in model.state_dict().items()}
-        got = call(answer, model, dict(state))
+        got, loaded = in_worker(_their_report, answer, model, state)
         expected = _report(model, state)
-        if any(not torch.equal(before[k], v) for k, v in model.state_dict().items()):
+        if loaded:
             return wrong(tr("The model's values changed.", "モデルの値が変わりました。"), "loaded")
         if isinstance(got, tuple) and len(got) == 2 and [sorted(got[0]), sorted(got[1])] == list(expected):
             continue

@@ -2,6 +2,7 @@
 
 Explained in 03_primitives.
 """
+import contextlib
 import random
 
 import torch
@@ -9,7 +10,7 @@ from torch import nn
 
 from ..lang import tr
 from ..parallel import scatter
-from .core import call, exercise, first_mismatch, mismatch_text, right, wrong
+from .core import call, exercise, first_mismatch, in_worker, mismatch_text, right, wrong
 
 
 def _batches_03_1():
@@ -42,7 +43,7 @@ def _same_parts(got, expected):
     return True
 
 
-@exercise("03.1", title=("Scattering a batch", "バッチの分配"), hints=[
+@exercise("03.1", title=("Scattering a batch", "バッチの分配"), apart=True, hints=[
     ("Read the `scatter` section: what does it do with a dict, and with values that are not tensors?",
      "`scatter` の節を読んでください。dict や、テンソルでない値をどう扱いますか。"),
     ("One dict per device that gets rows: the i-th chunk of every tensor, under the same keys, and every other "
@@ -115,12 +116,31 @@ class Seen(nn.Module):
         return x
 
 
-def _net_03_2(log):
+def _case_03_2(log, batch):
+    """The model (writing to ``log``) and the input of one case: the same in the kernel and in the worker."""
     torch.manual_seed(4)
-    return nn.Sequential(Seen(log), TimeMix(), nn.Linear(4, 3)).double()
+    net = nn.Sequential(Seen(log), TimeMix(), nn.Linear(4, 3)).double()
+    return net, torch.randn(5, batch, 4, dtype=torch.float64, requires_grad=True)
 
 
-@exercise("03.2", title=("data_parallel along another dimension", "別の次元に沿った data_parallel"), hints=[
+def _replicas_key(exc):
+    return "too_many_replicas" if "parallel_apply" in str(exc) or "replica" in str(exc) else None
+
+
+def _their_run_03_2(answer, batch, k):
+    """Where the learner's code runs: their output, which module ran on how many sequences, and the gradients of
+    the input and the parameters through their output (``None`` when it has none)."""
+    log = []
+    net, x = _case_03_2(log, batch)
+    out = call(answer, net, x, ["cpu"] * k, 1, on_error=_replicas_key)
+    seen, grads = list(log), None
+    if isinstance(out, torch.Tensor) and out.grad_fn is not None and out.is_floating_point():
+        with contextlib.suppress(RuntimeError):
+            grads = [g.detach() for g in torch.autograd.grad(out.pow(2).mean(), [x, *net.parameters()])]
+    return (out.detach() if isinstance(out, torch.Tensor) else out), seen, grads
+
+
+@exercise("03.2", title=("data_parallel along another dimension", "別の次元に沿った data_parallel"), apart=True, hints=[
     ("Start from this chapter's `data_parallel` and look at the `dim` argument that `scatter` and `gather` take.",
      "この章の `data_parallel` から始め、`scatter` と `gather` が受け取る引数 `dim` を見てください。"),
     ("Pass the same `dim` to both scatter and gather; keep the line that drops replicas without a chunk.",
@@ -146,12 +166,8 @@ def _net_03_2(log):
 def check_03_2(answer):
     """The check of exercise 03.2, "data_parallel along another dimension". Explained in 03_primitives."""
     for batch, k in ((7, 3), (2, 4), (8, 4)):
-        log = []
-        net = _net_03_2(log)
-        x = torch.randn(5, batch, 4, dtype=torch.float64, requires_grad=True)
-        out = call(answer, net, x, ["cpu"] * k, 1, on_error=lambda e: "too_many_replicas" if
-                   "parallel_apply" in str(e) or "replica" in str(e) else None)
-        seen = list(log)
+        net, x = _case_03_2([], batch)
+        out, seen, grads = in_worker(_their_run_03_2, answer, batch, k)
         mm = first_mismatch(out, net(x))
         if mm is not None:
             key = "wrong_dim" if isinstance(out, torch.Tensor) and any(n == batch for _, n in seen) and len(seen) > 1 \
@@ -162,8 +178,11 @@ def check_03_2(answer):
             return wrong(tr(f"The modules that ran: {len({i for i, _ in seen})} distinct objects for {len(seen)} "
                             "chunks.", f"実行したモジュール: {len(seen)}個のチャンクに対して、異なるオブジェクトは "
                             f"{len({i for i, _ in seen})}個。"), "no_replicas")
-        grads = torch.autograd.grad(out.pow(2).mean(), [x, *net.parameters()])
-        net.zero_grad()
+        if grads is None:
+            return wrong(tr("Your output is right but carries no gradient: it must stay connected to the model and "
+                            "the input (no .detach(), no torch.no_grad()).",
+                            "出力の値は正しいのですが、勾配がありません。モデルと入力につながったままにしてください"
+                            "（.detach() や torch.no_grad() は使いません）。"))
         expected = torch.autograd.grad(net(x).pow(2).mean(), [x, *net.parameters()])
         for g, e in zip(grads, expected):
             mm = first_mismatch(g, e, rtol=1e-9, atol=1e-12)
@@ -181,7 +200,7 @@ def _cases_03_3():
     return fixed + [[rng.randint(1, 20) for _ in range(rng.randint(2, 6))] for _ in range(10)]
 
 
-@exercise("03.3", title=("One loss from chunk losses", "チャンクの損失から 1つの損失へ"), hints=[
+@exercise("03.3", title=("One loss from chunk losses", "チャンクの損失から 1つの損失へ"), apart=True, hints=[
     ("Look at the proof section: the loss is the mean over the gathered output, i.e. over all rows.",
      "証明の節を見てください。損失は集約した出力、つまりすべての行についての平均です。"),
     ("A chunk's mean loss stands for as many rows as the chunk has: weight it by its size, and divide by the "

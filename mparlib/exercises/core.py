@@ -294,6 +294,16 @@ def call(fn, *args, on_error=None, **kwargs):
         raise Stop(outcome) from None
 
 
+def in_worker(driver, *args, **kwargs):
+    """``driver(*args, **kwargs)`` where the learner's code runs: in a clean worker when the check is judged apart
+    (its value comes back as plain data), else right here. ``driver`` is a module-level function of the check's
+    module that builds what the learner's code works on, reaches it through :func:`call`, and returns what the check
+    needs to see (outputs, gradients, the state of what it was given). For check authors: see the package docstring."""
+    if sandbox.apart():
+        return sandbox.run_apart(driver, *args, **kwargs)
+    return driver(*args, **kwargs)
+
+
 def _call_here(fn, args, kwargs, on_error):
     """:func:`call` in the worker that runs the learner's code (see :mod:`~mparlib.exercises.sandbox`)."""
     return call(fn, *args, on_error=on_error, **kwargs)
