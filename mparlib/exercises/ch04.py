@@ -2,7 +2,6 @@
 
 Explained in 04_hybrid_cpu_gpu.
 """
-import copy
 import random
 
 import torch
@@ -10,7 +9,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from ..lang import tr
-from .core import call, compare_cases, exercise, first_mismatch, mismatch_text, ratio, right, wrong
+from .core import call, compare_cases, exercise, first_mismatch, in_worker, mismatch_text, ratio, right, wrong
 
 
 def _bubble(stages, micro_batches):
@@ -23,7 +22,7 @@ def _cases_04_1():
     return fixed + [(rng.randint(1, 16), rng.randint(1, 64)) for _ in range(30)]
 
 
-@exercise("04.1", title=("The bubble", "バブル"), hints=[
+@exercise("04.1", title=("The bubble", "バブル"), apart=True, hints=[
     ("Count the ticks of `pipeline_schedule(S, m)` and the ticks in which a given stage has work.",
      "`pipeline_schedule(S, m)` のティックの数と、あるステージに仕事があるティックの数を数えてください。"),
     ("There are m + S - 1 ticks in all; each stage works in m of them and idles in the others. The bubble is the "
@@ -74,7 +73,34 @@ def _devices_04_2():
     return ["cuda:0", "cuda:1"] if torch.cuda.device_count() >= 2 else ["cpu", "cpu"]
 
 
-@exercise("04.2", title=("A model split over two devices", "2つのデバイスに分けたモデル"), hints=[
+def _their_split_04_2(answer, split_at):
+    """Where the learner's code runs: their model built from the check's network, what it holds and where, its output
+    on the check's batch (counting moves to the second device) and the gradients after a backward through it."""
+    net, devices = _net_04_2(), _devices_04_2()
+    model = call(answer, net, devices, split_at)
+    first, second = getattr(model, "first", None), getattr(model, "second", None)
+    seen = {"type": type(model).__name__, "stages": isinstance(first, nn.Module) and isinstance(second, nn.Module)}
+    if not seen["stages"]:
+        return seen
+    seen["first_params"] = len(list(first.parameters()))
+    seen["first_len"] = len(first) if isinstance(first, nn.Sequential) else None
+    seen["placed"] = [all(p.device == torch.device(d) for p in stage.parameters())
+                      for stage, d in ((first, devices[0]), (second, devices[1]))]
+    torch.manual_seed(7)
+    x = torch.randn(6, 8, dtype=torch.float64)
+    moves = _Moves(devices[1])
+    with moves:
+        out = call(model, x)
+    seen["moves"], seen["grads"] = moves.count, None
+    seen["out"] = out.detach().cpu() if isinstance(out, torch.Tensor) else out
+    if isinstance(out, torch.Tensor) and out.grad_fn is not None:
+        call(lambda: out.to(devices[0]).pow(2).mean().backward())
+        seen["grads"] = [(name, None if p.grad is None else p.grad.detach().cpu())
+                         for name, p in model.named_parameters()]
+    return seen
+
+
+@exercise("04.2", title=("A model split over two devices", "2つのデバイスに分けたモデル"), apart=True, hints=[
     ("Look at `HybridModel` in 'A working version' and at the stages of 'Beyond the example: model parallelism'.",
      "「動くように直した版」の `HybridModel` と、「例の先へ: モデル並列」のステージを見てください。"),
     ("Register two submodules, `first` (layers before split_at) and `second` (the rest), each moved to its device; "
@@ -100,35 +126,34 @@ def _devices_04_2():
 })
 def check_04_2(answer, split_at=2):
     """The check of exercise 04.2, "A model split over two devices". Explained in 04_hybrid_cpu_gpu."""
-    net, devices = _net_04_2(), _devices_04_2()
-    reference = copy.deepcopy(net)
-    model = call(answer, net, devices, split_at)
-    first, second = getattr(model, "first", None), getattr(model, "second", None)
-    if not (isinstance(first, nn.Module) and isinstance(second, nn.Module)):
-        return wrong(tr(f"Your function returned a {type(model).__name__} without both stages.",
-                        f"関数が返した {type(model).__name__} には 2つのステージがそろっていません。"), "no_stages")
-    if len(list(first.parameters())) != len(list(reference[:split_at].parameters())) or \
-            (isinstance(first, nn.Sequential) and len(first) != split_at):
-        return wrong(tr(f"`first` holds {len(list(first.parameters()))} parameter tensors.",
-                        f"`first` のパラメータのテンソルは {len(list(first.parameters()))}個です。"), "split_point")
-    for stage, device in ((first, devices[0]), (second, devices[1])):
-        if any(p.device != torch.device(device) for p in stage.parameters()):
+    reference, devices = _net_04_2(), _devices_04_2()
+    seen = in_worker(_their_split_04_2, answer, split_at)
+    if not seen["stages"]:
+        return wrong(tr(f"Your function returned a {seen['type']} without both stages.",
+                        f"関数が返した {seen['type']} には 2つのステージがそろっていません。"), "no_stages")
+    if seen["first_params"] != len(list(reference[:split_at].parameters())) or \
+            seen["first_len"] not in (None, split_at):
+        return wrong(tr(f"`first` holds {seen['first_params']} parameter tensors.",
+                        f"`first` のパラメータのテンソルは {seen['first_params']}個です。"), "split_point")
+    for placed, device in zip(seen["placed"], devices):
+        if not placed:
             return wrong(tr(f"A parameter is not on {device}.", f"{device} にないパラメータがあります。"), "placement")
     torch.manual_seed(7)
     x = torch.randn(6, 8, dtype=torch.float64)
-    moves = _Moves(devices[1])
-    with moves:
-        out = call(model, x)
-    mm = first_mismatch(out, reference(x))
+    mm = first_mismatch(seen["out"], reference(x))
     if mm is not None:
         return wrong(mismatch_text(tr("Your model's output", "あなたのモデルの出力"), mm))
-    call(lambda: out.to(devices[0]).pow(2).mean().backward())
+    if seen["grads"] is None:
+        return wrong(tr("Your model's output is right but carries no gradient: keep it connected to the stages "
+                        "(no .detach(), no torch.no_grad()).",
+                        "モデルの出力の値は正しいのですが、勾配がありません。ステージにつながったままにしてください"
+                        "（.detach() や torch.no_grad() は使いません）。"))
     reference(x).pow(2).mean().backward()
-    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
-        mm = first_mismatch(p.grad, q.grad, rtol=1e-9, atol=1e-12) if p.grad is not None else ("type", "None")
+    for (name, grad), q in zip(seen["grads"], reference.parameters()):
+        mm = first_mismatch(grad, q.grad, rtol=1e-9, atol=1e-12) if grad is not None else ("type", "None")
         if mm is not None:
             return wrong(mismatch_text(tr(f"The gradient of {name}", f"{name} の勾配"), mm))
-    if moves.count == 0:
+    if seen["moves"] == 0:
         return wrong(tr("No tensor was moved to the second device during forward.",
                         "forward の間に 2つ目のデバイスへ移されたテンソルがありません。"), "no_transfer")
     return right(tr(f"Same outputs and gradients as the whole network, split at layer {split_at} over {devices}.",
@@ -150,7 +175,7 @@ def _cases_04_3():
                     for _ in range(20)]
 
 
-@exercise("04.3", title=("A table's memory", "テーブルのメモリ"), hints=[
+@exercise("04.3", title=("A table's memory", "テーブルのメモリ"), apart=True, hints=[
     ("Look at the arithmetic cell of 'When does keeping a huge embedding table on the CPU pay?'.",
      "「巨大な埋め込みテーブルを CPU に置いて得をする条件」の計算のセルを見てください。"),
     ("Count float32 copies of the table: the weights, a dense gradient, and what the optimiser keeps per weight "

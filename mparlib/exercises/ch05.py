@@ -11,7 +11,7 @@ from torch import nn
 
 from ..lang import tr
 from ..step import train_step
-from .core import call, compare_cases, exercise, ratio, right, value, wrong
+from .core import call, compare_cases, exercise, in_worker, ratio, right, value, wrong
 
 
 class _Block(nn.Module):
@@ -30,7 +30,15 @@ def _layers(net):
     return [m for m in net.modules() if isinstance(m, (nn.Linear, nn.Conv2d))]
 
 
-@exercise("05.1", title=("An initialisation that reaches every layer", "すべての層に届く初期化"), hints=[
+def _their_init_05_1(answer):
+    """Where the learner's code runs: the check's block after ``apply`` with their function, as its state dict."""
+    torch.manual_seed(8)
+    net = _Block()
+    call(net.apply, answer)
+    return {k: v.detach().clone() for k, v in net.state_dict().items()}
+
+
+@exercise("05.1", title=("An initialisation that reaches every layer", "すべての層に届く初期化"), apart=True, hints=[
     ("Read '1. Lazy layers and a weight initialisation that skips them': which test selects the layers?",
      "「1. 遅延層と、それを素通りする重みの初期化」を読んでください。層を選んでいるのはどの判定ですか。"),
     ("`type(m) in [...]` misses subclasses (and lazy layers); `isinstance` accepts them. Change only the weights "
@@ -56,8 +64,10 @@ def check_05_1(answer):
     net = _Block()
     before = {k: v.detach().clone() for k, v in net.state_dict().items()}
     layers = {id(m) for m in _layers(net)}
-    call(net.apply, answer)
-    after = net.state_dict()
+    after = in_worker(_their_init_05_1, answer)
+    if list(after) != list(before):
+        return wrong(tr("Your function changed which tensors the model holds: initialise their values only.",
+                        "関数がモデルの持つテンソルそのものを変えました。値だけを初期化してください。"))
     weights = {f"{name}.weight" for name, m in net.named_modules() if id(m) in layers}
     for key, old in before.items():
         changed = not torch.equal(old, after[key])
@@ -88,7 +98,7 @@ def _cases_05_2():
                      rng.random() < 0.5) for _ in range(30)]
 
 
-@exercise("05.2", title=("Steps per epoch", "1エポックのステップ数"), hints=[
+@exercise("05.2", title=("Steps per epoch", "1エポックのステップ数"), apart=True, hints=[
     ("Look at 'Training on all devices': which batch size does the second run use, and what does an epoch do with "
      "the images left over at its end?",
      "「すべてのデバイスでの訓練」を見てください。2回目の実行はどのバッチサイズを使い、エポックの最後に余った画像を"
@@ -125,6 +135,12 @@ def _workload():
     return net, X, y
 
 
+def _their_throughput(answer):
+    """Where the learner's code runs: their measurement of the check's workload, on one thread as the check's."""
+    torch.set_num_threads(1)
+    return call(answer, *_workload())
+
+
 def measure_throughput(net, X, y, seconds=0.6):
     """The check's own measurement: images per second of SGD steps, after a warm-up, median of short windows.
 
@@ -143,7 +159,7 @@ def measure_throughput(net, X, y, seconds=0.6):
 TOLERANCE = 3.0  # a learner's measurement within a factor of 3 of the check's counts as right
 
 
-@exercise("05.3", title=("This machine's throughput", "このマシンのスループット"), hints=[
+@exercise("05.3", title=("This machine's throughput", "このマシンのスループット"), apart=True, hints=[
     ("Look at what `train` reports per epoch (images per second) and at `train_step`.",
      "`train` がエポックごとに報告する値（1秒あたりの画像数）と `train_step` を見てください。"),
     ("Run one step first (warm-up), then time several steps with time.perf_counter and divide the images they "
@@ -168,10 +184,10 @@ def check_05_3(answer, tolerance=TOLERANCE):
     """The check of exercise 05.3, "This machine's throughput". Explained in 05_multi_gpu_resnet."""
     net, X, y = _workload()
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # one thread for both measurements: steadier on a shared machine
+    torch.set_num_threads(1)  # one thread for every measurement: steadier on a shared machine
     try:
         before = measure_throughput(net, X, y)
-        got = value(call(answer, net, X, y))
+        got = value(in_worker(_their_throughput, answer))
         after = measure_throughput(net, X, y)
     finally:
         torch.set_num_threads(threads)
