@@ -124,7 +124,7 @@ def order_key(got, stage, p, m):
     return None
 
 
-@exercise("10.2", title=("The 1F1B order of a stage", "ステージの 1F1B の順序"), hints=[
+@exercise("10.2", title=("The 1F1B order of a stage", "ステージの 1F1B の順序"), apart=True, hints=[
     ("Look at the section 'Pipelines across processes': what does `Schedule1F1B` do differently from "
      "`ScheduleGPipe`, and how many micro-batches does a rank hold at most?",
      "「プロセスをまたぐパイプライン」の節を見てください。`Schedule1F1B` は `ScheduleGPipe` と何が違い、1つのランクが"
@@ -174,7 +174,7 @@ def check_10_2(answer):
 
 
 # ---- 10.3: the bubble ------------------------------------------------------------------------------------------
-@exercise("10.3", title=("The bubble", "バブル"), hints=[
+@exercise("10.3", title=("The bubble", "バブル"), apart=True, hints=[
     ("Look at the section 'The bubble, measured' and the summary.", "「バブルの測定」の節とまとめを見てください。"),
     ("Each of the p ranks is busy for m micro-batches' worth of work out of a step that lasts m + p - 1 of them; "
      "the bubble is the idle share of the step.",
