@@ -223,26 +223,31 @@ def test_a_gpu_exercise_cannot_run_without_a_gpu_and_is_never_wrong(scratch_exer
     assert outcome.status == "cannot run here" and not outcome.hint
 
 
-def test_hints_come_one_level_at_a_time_and_a_level_on_request(scratch_exercise, capsys):
+def test_hints_come_one_level_at_a_time_say_when_none_is_left_and_a_level_on_request(scratch_exercise, capsys):
     number = scratch_exercise(lambda answer: core.right())
     for _ in range(4):
         hint(number)
     hint(number, 1)
     lines = capsys.readouterr().out.splitlines()
-    assert [line.rsplit(": ", 1)[1] for line in lines] == ["where", "idea", "nearly", "nearly", "where"]
+    assert [line.rsplit(": ", 1)[1] for line in lines[:3]] == ["where", "idea", "nearly"]
+    assert lines[3].startswith("Exercise 99.1 has no more hints: all 3 levels have been shown.")
+    assert lines[4].rsplit(": ", 1)[1] == "where" and len(lines) == 5
     with pytest.raises(ValueError):
         hint(number, 4)
 
 
-def test_outcomes_speak_the_learners_language_and_show_hints_as_layers(scratch_exercise, monkeypatch):
+def test_an_outcome_shows_one_hint_and_hint_goes_on_from_the_next_level(scratch_exercise, monkeypatch, capsys):
     number = scratch_exercise(lambda answer: core.right())
     outcome = check(number, None)
-    html = outcome._repr_html_()
-    assert html.count("<details>") == 3 and "not attempted" in repr(outcome)
+    shown = repr(outcome) + outcome._repr_html_()
+    assert "not attempted" in shown and "where" in shown and "idea" not in shown and "nearly" not in shown
+    assert "<details>" not in shown and "hint('99.1') shows the next of its 3 levels" in shown
+    hint(number)
+    assert capsys.readouterr().out.rstrip().endswith(": idea")
     monkeypatch.setenv("MPARLIB_LANG", "ja")
     outcome = check(number, None)
-    assert "未着手" in repr(outcome) and "ヒント: ほぼ" not in repr(outcome) and "ヒント: 考え" not in repr(outcome)
-    assert "ヒント 3/3" in outcome._repr_html_()
+    shown = repr(outcome) + outcome._repr_html_()
+    assert "未着手" in shown and "ヒント: どこ" in shown and "考え" not in shown and "ほぼ" not in shown
 
 
 def test_unknown_numbers_are_refused_with_the_format_to_use():
@@ -450,8 +455,10 @@ def test_the_book_shows_hints_and_leaves_solutions_out_unless_book_toml_asks(tmp
         site = build_book(tmp_path, solutions)
         for lang, title in (("en", "Solutions (for instructors)"), ("ja", "解答（講師用）")):
             chapter = (site / lang / "01_dataparallel.html").read_text(encoding="utf-8")
-            label = "Hint 3 of 3" if lang == "en" else "ヒント 3/3"
-            assert chapter.count("<details>") >= 9 and label in chapter  # three layered hints per exercise
+            first, later = (EXERCISES["01.1"].hints[0], EXERCISES["01.1"].hints[1:])
+            shown = html_unescape(chapter)
+            assert first[lang == "ja"] in shown  # level 1, shown with the starter's "not attempted"
+            assert not any(h[lang == "ja"] in shown for h in later)  # the later levels only on request
             texts = "".join(p.read_text(encoding="utf-8") for p in (site / lang).rglob("*.html"))
             assert ("def chunk_sizes(batch, k):\n    \"\"\"01.1" in html_unescape(texts)) == solutions
             assert (site / lang / "solutions.html").exists() == solutions and (title in texts) == solutions
@@ -470,3 +477,44 @@ def test_the_exercise_modules_keep_the_package_rules():
             if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and not node.name.startswith("_"):
                 doc = ast.get_docstring(node) or ""
                 assert doc.strip(), f"{path.name}: {node.name} has no docstring"
+
+
+BAD_RETURNS = {"None": None, "a string": "42", "NaN": float("nan"), "an int": 7, "a 0-d tensor": "tensor0",
+               "a short tuple": (1,), "a tensor of another shape": "tensor35", "a tensor without gradients": "tensor2"}
+
+
+def returns(kind):
+    """An answer (usable as a function of any arguments, or as a value) that gives back one odd value."""
+    made = {"tensor0": lambda: core.torch.tensor(1.5), "tensor35": lambda: core.torch.zeros(3, 5),
+            "tensor2": lambda: core.torch.ones(2)}
+    value = BAD_RETURNS[kind]
+    return lambda *args, **kwargs: made[value]() if isinstance(value, str) and value in made else value
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_whatever_an_answer_returns_is_the_learners_outcome_never_a_failed_check(chapter):
+    numbers = [n for n, ex in EXERCISES.items() if n.startswith(chapter + ".") and ex.needs is None]
+    for number in numbers:
+        for kind in BAD_RETURNS:
+            outcome = check(number, returns(kind))
+            assert outcome.status == "wrong", (number, kind, repr(outcome)[:400])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_the_exercises_section_runs_in_a_kernel_that_was_just_started(chapter):
+    """Its cells alone, as after a restart: the import cell is all they need (``%%worker`` cells included)."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    path = next((ROOT / "notebooks" / "en").glob(f"{chapter}_*.ipynb"))
+    notebook = nbformat.read(path, as_version=4)
+    start = next(i for i, c in enumerate(notebook.cells)
+                 if c.cell_type == "markdown" and c.source.lstrip().startswith("## Exercises"))
+    notebook.cells = notebook.cells[start:]
+    assert any(c.cell_type == "code" and "check(" in c.source for c in notebook.cells), chapter
+    NotebookClient(notebook, kernel_name="mparlib", timeout=240,
+                   resources={"metadata": {"path": str(path.parent)}}).execute()
+    outputs = "".join(str(o) for c in notebook.cells if c.cell_type == "code" for o in c.outputs)
+    assert "not attempted" in outputs and "Traceback" not in outputs, chapter

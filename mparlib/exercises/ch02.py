@@ -147,6 +147,12 @@ def check_02_2(answer):
                     "ラップしたもの、していないもの、紛らわしいもの、どの状態辞書でも正しい答えです。"))
 
 
+def _sorted(keys):
+    """``keys`` sorted, when they are a list, tuple or set of strings; else ``None``."""
+    ok = isinstance(keys, (list, tuple, set)) and all(isinstance(k, str) for k in keys)
+    return sorted(keys) if ok else None
+
+
 def _report(model, state):
     own, theirs = set(model.state_dict()), set(state)
     return sorted(own - theirs), sorted(theirs - own)
@@ -199,12 +205,13 @@ def check_02_3(answer):
         expected = _report(model, state)
         if loaded:
             return wrong(tr("The model's values changed.", "モデルの値が変わりました。"), "loaded")
-        if isinstance(got, tuple) and len(got) == 2 and [sorted(got[0]), sorted(got[1])] == list(expected):
+        pair = [_sorted(g) for g in got] if isinstance(got, tuple) and len(got) == 2 else None
+        if pair == list(expected):
             continue
-        shown = got if not isinstance(got, tuple) else tuple(sorted(g)[:5] for g in got)
-        swapped = isinstance(got, tuple) and len(got) == 2 and [sorted(got[1]), sorted(got[0])] == list(expected)
+        shown = got if not isinstance(got, tuple) else tuple(g if _sorted(g) is None else _sorted(g)[:5] for g in got)
+        swapped = pair is not None and pair[::-1] == list(expected)
         params = set(dict(model.named_parameters()))
-        params_only = isinstance(got, tuple) and len(got) == 2 and sorted(got[0]) == sorted(params - set(state))
+        params_only = pair is not None and pair[0] == sorted(params - set(state))
         return wrong(tr(f"For a file with {len(state)} keys your function returned {shown}.",
                         f"キーが {len(state)}個のファイルに対して、関数は {shown} を返しました。"),
                      "swapped" if swapped else "parameters_only" if params_only else None)

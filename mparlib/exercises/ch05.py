@@ -11,7 +11,7 @@ from torch import nn
 
 from ..lang import tr
 from ..step import train_step
-from .core import call, compare_cases, exercise, in_worker, ratio, right, value, wrong
+from .core import as_number, call, compare_cases, exercise, in_worker, ratio, right, wrong
 
 
 class _Block(nn.Module):
@@ -187,7 +187,7 @@ def check_05_3(answer, tolerance=TOLERANCE):
     torch.set_num_threads(1)  # one thread for every measurement: steadier on a shared machine
     try:
         before = measure_throughput(net, X, y)
-        got = value(in_worker(_their_throughput, answer))
+        got = as_number(in_worker(_their_throughput, answer))
         after = measure_throughput(net, X, y)
     finally:
         torch.set_num_threads(threads)

@@ -15,7 +15,7 @@ from ..lang import tr
 from ..sharding import PRECISIONS, STATES_PER_PARAMETER, bytes_per_parameter, zero_bytes_per_rank
 from .ch06 import close, fault, learner_function, run_child
 from .ch07 import near
-from .core import call, exercise, first_mismatch, mismatch_text, right, wrong
+from .core import call, call_each, exercise, first_mismatch, mismatch_text, right, wrong
 
 
 # ---- 09.1: bytes per rank under ZeRO ---------------------------------------------------------------------------
@@ -62,12 +62,14 @@ def check_09_1(answer, points=40, seed=0):
     hypotheses = {"stage_shift": [1, -1], "all_sharded": [True], "none_sharded": [False]}
     fits = {key: [True] * len(v) for key, v in hypotheses.items()}
     first = None
+    drawn = []
     for i in range(points):
         n, world, stage = rng.randint(10**5, 10**11), rng.choice([2, 3, 4, 8, 16, 64, 512]), i % 4
-        precision, optimizer = rng.choice(sorted(PRECISIONS)), rng.choice(sorted(STATES_PER_PARAMETER))
+        drawn.append((n, world, stage, rng.choice(sorted(PRECISIONS)), rng.choice(sorted(STATES_PER_PARAMETER))))
+    cases = [(n, world, stage, dict(bytes_per_parameter(p, o))) for n, world, stage, p, o in drawn]
+    for (n, world, stage, precision, optimizer), got in zip(drawn, call_each(answer, cases)):
         per = bytes_per_parameter(precision, optimizer)
         expected = sum(zero_bytes_per_rank(n, world, stage, precision, optimizer).values())
-        got = call(answer, n, world, stage, dict(per))
         fits["stage_shift"] = [ok and near(got, zero_total(n, world, stage, per, shift=s), 1e-9)
                                for ok, s in zip(fits["stage_shift"], hypotheses["stage_shift"])]
         for key in ("all_sharded", "none_sharded"):
@@ -171,10 +173,10 @@ def check_09_3(answer):
     for tensors, world in flat_cases():
         got = call(answer, reference_shards(tensors, world), [tuple(t.shape) for t in tensors])
         if not isinstance(got, (list, tuple)) or len(got) != len(tensors):
-            return wrong(tr(f"Your function returned {type(got).__name__} of length {len(got) if hasattr(got, '__len__') else '-'}; "
+            return wrong(tr(f"Your function returned {type(got).__name__} of length {len(got) if isinstance(got, (list, tuple)) else '-'}; "
                             f"return a list of {len(tensors)} tensors.",
                             f"戻り値の型と長さが {type(got).__name__}、"
-                            f"{len(got) if hasattr(got, '__len__') else '-'} です。{len(tensors)}個のテンソルの"
+                            f"{len(got) if isinstance(got, (list, tuple)) else '-'} です。{len(tensors)}個のテンソルの"
                             "リストを返してください。"), "shape")
         for i, (g, t) in enumerate(zip(got, tensors)):
             if close(g, t, 0, 0):

@@ -12,7 +12,7 @@ from torch.nn import functional as F
 from .. import ring_attention
 from ..lang import tr
 from .ch08 import calls_chapter
-from .core import Stop, call, exercise, first_mismatch, mismatch_text, right, wrong
+from .core import Stop, call, call_each, exercise, first_mismatch, mismatch_text, right, wrong
 
 
 # ---- 11.1: merging two partial attentions ----------------------------------------------------------------------
@@ -88,6 +88,18 @@ def causal_work(positions):
     return sum(int(p) + 1 for p in positions)
 
 
+def _positions(got):
+    """``got`` as a list of ints when it is a list, tuple or 1-d tensor of whole numbers; else ``None``."""
+    if isinstance(got, torch.Tensor):
+        got = got.tolist() if got.dim() == 1 else None
+    if not isinstance(got, (list, tuple)):
+        return None
+    try:
+        return [int(p) for p in got] if all(float(p) == int(p) for p in got) else None
+    except (TypeError, ValueError, OverflowError):
+        return None
+
+
 @exercise("11.2", title=("The balanced causal split", "負荷を均した因果的な分割"), apart=True, hints=[
     ("Look at the section 'Causal attention and the balanced split'.",
      "「因果的アテンションと負荷を均した分割」の節を見てください。"),
@@ -121,7 +133,15 @@ def check_11_2(answer):
         return wrong(tr("The answer calls the chapter's split instead of computing the positions.",
                         "答えは位置を求めず、章の分割を呼んでいます。"), "chapter_function")
     for length, world in ((8, 2), (16, 4), (24, 3), (12, 1)):
-        held = [[int(p) for p in call(answer, length, world, rank)] for rank in range(world)]
+        held = []
+        for rank, got in enumerate(call_each(answer, [(length, world, rank) for rank in range(world)])):
+            positions = _positions(got)
+            if positions is None:
+                return wrong(tr(f"For length {length} on {world} ranks, rank {rank}: your function returned {got!r}; "
+                                "return the rank's positions as a list of ints.",
+                                f"長さ {length}、{world}ランクのランク {rank} で、関数は {got!r} を返しました。ランクの"
+                                "位置を int のリストで返してください。"), "shape")
+            held.append(positions)
         every = sorted(p for ps in held for p in ps)
         where = tr(f"length {length} on {world} ranks", f"長さ {length}、{world}ランク")
         if every != list(range(length)):
@@ -170,15 +190,19 @@ def check_11_3(answer, cases=30, seed=0):
     """Random routings: the learner's sizes against the count of rows per holding rank.
     Explained in 11_sequence_context_experts."""
     rng = random.Random(seed)
+    drawn = []
     for i in range(cases):
         world = rng.choice([1, 2, 4, 8])
         experts = world * rng.choice([1, 2, 4])
         rows = rng.randint(0, 40)
         top = rng.randint(1, experts)  # routings that leave some experts (and ranks) without rows
         expert_of_row = torch.sort(torch.tensor([rng.randrange(top) for _ in range(rows)], dtype=torch.long)).values
-        got = call(answer, expert_of_row.clone(), experts, world)
+        drawn.append((expert_of_row, experts, world))
+    for (expert_of_row, experts, world), got in zip(drawn, call_each(answer, [(e.clone(), x, w) for e, x, w in drawn])):
+        rows = len(expert_of_row)
         expected = torch.bincount(expert_of_row // (experts // world), minlength=world).tolist()
-        got_list = [int(x) for x in got] if isinstance(got, (list, tuple, torch.Tensor)) else got
+        got_list = _positions(got)
+        got_list = got if got_list is None else got_list
         if got_list == expected:
             continue
         shown = tr(f"{rows} rows to experts {sorted(set(expert_of_row.tolist()))} of {experts} on {world} ranks: your "

@@ -11,15 +11,14 @@ from ..schedules import bubble_formula
 from ..sharding import zero_bytes_per_rank
 from .ch07 import near
 from .ch10 import order_1f1b
-from .core import call, exercise, right, wrong
+from .core import call_each, exercise, right, wrong
 
 
 def first_wrong(answer, cases, reference, hypotheses, describe, rel=1e-9):
     """Call ``answer`` on every case: the text of the first disagreement with ``reference`` (or None) and the key of a
     hypothesis that every answer matched (or None). For check authors: see the package docstring."""
     first, fits = None, dict.fromkeys(hypotheses, True)
-    for case in cases:
-        got = call(answer, *case)
+    for case, got in zip(cases, call_each(answer, cases)):
         for key, formula in hypotheses.items():
             fits[key] = fits[key] and near(got, formula(*case), rel)
         if first is None and not near(got, reference(*case), rel):

@@ -25,7 +25,7 @@ import textwrap
 import time
 import traceback
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from html import escape
 from pathlib import Path
 
@@ -164,7 +164,7 @@ class Outcome:
     details: str = ""
     number: str = ""
     hint: str = ""
-    levels: list = field(default_factory=list)
+    levels: int = 0  # how many hint levels the exercise has (0: no hint goes with this outcome)
 
     @property
     def ok(self):
@@ -184,9 +184,13 @@ class Outcome:
         if self.hint:
             parts.append(tr("Hint: ", "ヒント: ") + self.hint)
         if self.levels:
-            parts.append(tr(f"More hints: hint({self.number!r}) shows the next level.",
-                            f"さらにヒント: hint({self.number!r}) を実行するたびに次の段階を表示します。"))
+            parts.append(self._more())
         return "\n".join(parts)
+
+    def _more(self):
+        return tr(f"More hints: hint({self.number!r}) shows the next of its {self.levels} levels, one at a time.",
+                  f"さらにヒント: hint({self.number!r}) を実行するたびに、全 {self.levels}段階のヒントを 1段階ずつ"
+                  "表示します。")
 
     def _repr_html_(self):
         def text(s):
@@ -200,9 +204,8 @@ class Outcome:
             out.append(f"<pre>{escape(self.details.rstrip())}</pre>")
         if self.hint:
             out.append(f"<p>{text(tr('Hint: ', 'ヒント: ') + self.hint)}</p>")
-        for level, hint_text in enumerate(self.levels, 1):
-            label = tr(f"Hint {level} of {len(self.levels)}", f"ヒント {level}/{len(self.levels)}")
-            out.append(f"<details><summary>{escape(label)}</summary><p>{text(hint_text)}</p></details>")
+        if self.levels:
+            out.append(f"<p>{text(self._more())}</p>")
         out.append("</div>")
         return "\n".join(out)
 
@@ -309,6 +312,16 @@ def _call_here(fn, args, kwargs, on_error):
     return call(fn, *args, on_error=on_error, **kwargs)
 
 
+def call_each(fn, cases):
+    """``[fn(*case) for case in cases]``, as :func:`call` would make each call; judged apart, all of them in one
+    worker. For check authors: see the package docstring."""
+    if not callable(fn):
+        call(fn)  # says what to pass instead
+    if sandbox.apart():
+        return sandbox.run_apart(_call_each, fn, list(cases))
+    return [call(fn, *case) for case in cases]
+
+
 def _call_each(fn, cases):
     """``fn(*case)`` for every case, in the worker: the values as plain data, for :func:`compare_cases`."""
     return [sandbox.plain(call(fn, *case)) for case in cases]
@@ -329,11 +342,16 @@ def value(answer, kind=(int, float)):
         raise Stop(not_attempted())
     if callable(answer):
         answer = call(answer)
-    if not isinstance(answer, kind) or isinstance(answer, bool) or (isinstance(answer, float) and
-                                                                     not math.isfinite(answer)):
-        raise Stop(wrong(tr(f"Your answer is {answer!r}; the exercise asks for a number.",
-                            f"答えが {answer!r} です。この問題の答えは数値です。"), "shape"))
-    return answer
+    return as_number(answer, kind)
+
+
+def as_number(got, kind=(int, float)):
+    """``got``, a value the learner's code gave back, when it is a finite number of ``kind``; else a wrong answer
+    naming what came back. For check authors: see the package docstring."""
+    if not isinstance(got, kind) or isinstance(got, bool) or (isinstance(got, float) and not math.isfinite(got)):
+        raise Stop(wrong(tr(f"Your answer is {got!r}; the exercise asks for a number.",
+                            f"答えが {got!r} です。この問題の答えは数値です。"), "shape"))
+    return got
 
 
 # ---- check and hint ---------------------------------------------------------------------------------------------
@@ -344,8 +362,10 @@ def check(number, answer=None, **options):
     outcome = decide(ex, answer, options)
     outcome.number = number
     if outcome.status in ("wrong", "not attempted") or (outcome.status == "error" and outcome.hint_key):
-        outcome.hint = (ex.mistake_text(outcome.hint_key) if outcome.hint_key else None) or ex.hint_text(1)
-        outcome.levels = [tr(*h) for h in ex.hints]
+        mistake = ex.mistake_text(outcome.hint_key) if outcome.hint_key else None
+        outcome.hint, outcome.levels = mistake or ex.hint_text(1), len(ex.hints)
+        if mistake is None:  # level 1 is on the page now: hint() goes on from level 2
+            SHOWN[number] = max(SHOWN.get(number, 0), 1)
     return outcome
 
 
@@ -485,11 +505,17 @@ def child(ex, answer, options, box):
 
 
 def hint(number, level=None):
-    """Print the next hint level of exercise ``number`` (or ``level``); the last is nearly the code, never the
-    answer. Explained in 01_dataparallel."""
+    """Print the next hint level of exercise ``number`` (or ``level``), or say that there is none left; the last
+    stops short of the code. Explained in 01_dataparallel."""
     ex = lookup(number)
+    if level is None and SHOWN.get(number, 0) >= len(ex.hints):
+        print(tr(f"Exercise {number} has no more hints: all {len(ex.hints)} levels have been shown. "
+                 f"hint({number!r}, {len(ex.hints)}) shows the last one again.",
+                 f"練習問題 {number} のヒントはもうありません。全 {len(ex.hints)}段階を表示しました。"
+                 f"hint({number!r}, {len(ex.hints)}) で最後のヒントをもう一度表示します。"))
+        return
     if level is None:
-        level = min(SHOWN.get(number, 0) + 1, len(ex.hints))
+        level = SHOWN.get(number, 0) + 1
     if not (isinstance(level, int) and 1 <= level <= len(ex.hints)):
         raise ConfigError(tr(f"hint({number!r}, {level!r}): use a level from 1 to {len(ex.hints)}.",
                              f"hint({number!r}, {level!r}): 段階は 1 から {len(ex.hints)} までで指定してください。"))
@@ -543,11 +569,8 @@ def compare_cases(answer, cases, reference, detectors=(), same=None):
     For check authors: see the package docstring.
     """
     same = same or close_enough
-    if not callable(answer):
-        call(answer)  # says what to pass instead
-    values = sandbox.run_apart(_call_each, answer, cases) if sandbox.apart() else None  # one worker for all cases
-    for i, case in enumerate(cases):
-        got, expected = call(answer, *case) if values is None else values[i], reference(*case)
+    for case, got in zip(cases, call_each(answer, cases)):
+        expected = reference(*case)
         if same(got, expected):
             continue
         key = next((k for k, predicate in detectors if safe(predicate, case, got, expected)), None)
