@@ -36,10 +36,10 @@ def _cases_01_1():
      "whose chunk would be empty gets none, so there can be fewer than k chunks.",
      "どのチャンクも ceil(batch / k) 行で、最後のチャンクだけが残りを受け取ります。空になるはずのデバイスはチャンクを"
      "受け取らないので、チャンクが k個より少ないこともあります。"),
-    ("size = math.ceil(batch / k); then as many full chunks of `size` as fit into `batch`, plus one chunk with the "
-     "remainder if it is not zero.",
-     "size = math.ceil(batch / k) とし、batch に収まるだけの size 行のチャンクを並べ、余りが 0 でなければ余りの"
-     "チャンクを 1つ加えます。"),
+    ("First the size of a full chunk, from `batch` and `k` (rounded up). Then ask how many full chunks fit "
+     "into `batch`, and whether anything is left over for one more.",
+     "まず、`batch` と `k` から満杯のチャンクの大きさを求めます（切り上げ）。次に、満杯のチャンクが "
+     "`batch` にいくつ収まるか、そして最後にもう 1つのチャンクに回す余りがあるかを考えます。"),
 ], mistakes={
     "balanced": ("You spread the rows as evenly as possible (sizes differing by at most one). torch.chunk does "
                  "not: all chunks but the last have ceil(batch / k) rows.",
@@ -86,10 +86,13 @@ def _cases_01_2():
      "and stays there.",
      "ステップ 0 では 1台のときの学習率 base_lr で、ステップ warmup_steps で k * base_lr になるまで直線的に増え、"
      "その後は一定です。"),
-    ("After the warm-up: base_lr * k. During it: base_lr * (1 + (k - 1) * fraction), where fraction is how much of "
-     "the warm-up has passed.",
-     "ウォームアップの後は base_lr * k、その間は base_lr * (1 + (k - 1) * 割合) です。割合はウォームアップの"
-     "うち経過した部分です。"),
+    ("Split on `step < warmup_steps`. After the warm-up the rate is constant; during it, it lies on the "
+     "straight line from base_lr at step 0 to its final value at step warmup_steps: write that line with the "
+     "fraction `step / warmup_steps`.",
+     "`step < warmup_steps`"
+     " で場合分けします。ウォームアップの後は一定です。その間は、ステップ 0 の base_lr からステップ "
+     "warmup_steps の最終値までを結ぶ直線の上にあります。その直線を割合 "
+     "`step / warmup_steps` を使って書いてください。"),
 ], mistakes={
     "no_warmup": ("During the warm-up your rate is already the full k * base_lr: it must start at base_lr and grow.",
                   "ウォームアップ中なのに学習率がすでに k * base_lr です。base_lr から始めて増やしてください。"),
@@ -152,10 +155,12 @@ def _their_step(answer, devices, lr):
      "then backward and one SGD step with the given lr.",
      "順伝播を data_parallel(model, X, devices) で行い、集約した出力で損失を 1つ計算してから、逆伝播と、与えられた"
      "lr での SGD の 1ステップを行います。"),
-    ("optimizer = torch.optim.SGD(model.parameters(), lr=lr); loss = mse_loss(data_parallel(...), Y); then "
-     "zero_grad, backward, step.",
-     "optimizer = torch.optim.SGD(model.parameters(), lr=lr)、loss = mse_loss(data_parallel(...), Y) とし、"
-     "zero_grad、backward、step を呼びます。"),
+    ("Four things, in order: an SGD optimizer over the model's parameters with `lr`; the forward pass through "
+     "`data_parallel` on all the `devices`; one MSE loss of the gathered output against `Y`; the three calls "
+     "that clear, compute and apply the gradients.",
+     "順に 4つです。`lr` を使うモデルのパラメータの SGD オプティマイザ、すべての `devices`"
+     " での `data_parallel` による順伝播、集約した出力と `Y` の MSE 損失 1"
+     "つ、そして勾配を消し、計算し、適用する 3つの呼び出しです。"),
 ], mistakes={
     "not_split": ("The parameters are right, but the batch was never split: the model saw all rows in one call. Use "
                   "data_parallel with the devices you are given.",

@@ -48,10 +48,12 @@ NAMES_02_1 = ["forward", "predict", "module", "device_ids", "class_names", "head
      "tables _parameters, _buffers and _modules. Only a name found in none of them goes to the wrapped model.",
      "ラッパーのものは 3か所です。インスタンスの __dict__、クラス（親クラスを含む）、そして nn.Module の表 "
      "_parameters、_buffers、_modules です。どこにもない名前だけが、ラップされたモデルに回ります。"),
-    ("Test `name in vars(wrapper)`, `hasattr(type(wrapper), name)` and membership in each of the three tables; "
-     "then `hasattr(wrapper.module, name)`.",
-     "`name in vars(wrapper)`、`hasattr(type(wrapper), name)`、3つの表それぞれへの所属を調べ、最後に "
-     "`hasattr(wrapper.module, name)` を調べます。"),
+    ("Ask the wrapper's own places first, in the order Python's lookup uses them (the instance's `__dict__`, "
+     "then its class), then the three tables that `nn.Module.__getattr__` searches; only when none of them has "
+     "the name, ask the wrapped model.",
+     "まずラッパー自身の置き場所を、Python の探索と同じ順（インスタンスの `__dict__`"
+     "、次にクラス）で調べ、次に `nn.Module.__getattr__` が探す 3"
+     "つの表を調べます。どこにも名前がないときだけ、包まれたモデルを調べます。"),
 ], mistakes={
     "model_first": ("For a name both have (dim, gather), the wrapper wins: Python's own lookup finds it before "
                     "__getattr__ is ever called.",
@@ -106,10 +108,11 @@ def _their_strip(answer, state):
      "submodule's name. Return a new dict and leave the one you were given as it is.",
      "ラッパーが加えたのは、キーの先頭にある接頭辞だけです。キーの途中にある同じ語は、本物のサブモジュールの名前"
      "かもしれません。新しい dict を返し、受け取った dict は変えないでください。"),
-    ("For each key: `key.startswith(\"module.\")` decides, and slicing `key[len(\"module.\"):]` removes exactly "
-     "those characters (str.lstrip removes characters, not a prefix).",
-     "各キーについて `key.startswith(\"module.\")` で判断し、スライス `key[len(\"module.\"):]` でその文字だけを"
-     "取り除きます（str.lstrip が取り除くのは接頭辞ではなく文字の集合です）。"),
+    ("Build a new dict in the same order. Each key decides for itself whether it starts with the prefix; take "
+     "the prefix off by its length, not with `str.lstrip` (which strips characters of a set, not a prefix).",
+     "同じ順序で新しい dict"
+     " を作ります。接頭辞で始まるかどうかはキーごとに判定し、接頭辞は長さで取り除きます。`str.lstrip`"
+     " は使いません（接頭辞ではなく、集合に含まれる文字を取り除くからです）。"),
 ], mistakes={
     "everywhere": ("You removed `module.` inside keys too: `encoder.module.weight` belongs to a submodule that is "
                    "really called `module`.",
@@ -186,8 +189,9 @@ def _their_report(answer, model, state):
      "The model's keys are those of its state dict: parameters and buffers.",
      "足りないキーは、モデルが必要としファイルにないもの。余分なキーは、ファイルにあってモデルにないものです。"
      "モデルのキーは状態辞書のキー、つまりパラメータとバッファです。"),
-    ("Two set differences between `set(model.state_dict())` and `set(state)`, each sorted.",
-     "`set(model.state_dict())` と `set(state)` の 2つの差集合を、それぞれ並べ替えて返します。"),
+    ("Treat both as sets of keys: the missing keys are in the model's set and not in the file's, the "
+     "unexpected ones the other way round. Sort each result.",
+     "両方をキーの集合として扱います。足りないキーはモデルの集合にあってファイルの集合にないもの、余分なキーはその逆です。それぞれの結果を並べ替えます。"),
 ], mistakes={
     "parameters_only": ("You compared with the parameters alone: the running statistics and other buffers are "
                         "part of a checkpoint too (named_buffers, or simply state_dict).",

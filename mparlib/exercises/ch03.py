@@ -50,10 +50,12 @@ def _same_parts(got, expected):
      "value as it is. Chunks follow torch.chunk, so there may be fewer dicts than devices.",
      "行を受け取るデバイスごとに dict を 1つ作ります。各テンソルの i番目のチャンクを同じキーで入れ、ほかの値はその"
      "まま入れます。チャンクは torch.chunk に従うので、dict の数がデバイスの数より少ないこともあります。"),
-    ("Chunk each tensor with `t.chunk(len(devices))`; the number of chunks n is the same for all; build "
-     "`[{k: (chunks[k][i].to(devices[i]) if tensor else v) ...} for i in range(n)]`.",
-     "各テンソルを `t.chunk(len(devices))` で分けます。チャンクの数 n はどのテンソルでも同じです。"
-     "`[{k: (テンソルなら chunks[k][i].to(devices[i]) 、そうでなければ v) ...} for i in range(n)]` を作ります。"),
+    ("Chunk every tensor the same way (`Tensor.chunk`). The number of chunks, not `len(devices)`, is how many "
+     "dicts you return; dict i holds chunk i of each tensor, moved to device i, and every other value as it "
+     "is.",
+     "どのテンソルも同じように分けます（`Tensor.chunk`）。返す dict の数は "
+     "`len(devices)` ではなく、できたチャンクの数です。i 番目の dict は、各テンソルの i"
+     " 番目のチャンクをデバイス i に移したものと、テンソル以外の値をそのまま持ちます。"),
 ], mistakes={
     "transposed": ("You returned the chunks grouped by key (one entry per key). scatter returns one object per "
                    "device, each with all the keys.",
@@ -145,10 +147,10 @@ def _their_run_03_2(answer, batch, k):
      "この章の `data_parallel` から始め、`scatter` と `gather` が受け取る引数 `dim` を見てください。"),
     ("Pass the same `dim` to both scatter and gather; keep the line that drops replicas without a chunk.",
      "同じ `dim` を scatter と gather の両方に渡します。チャンクのないレプリカを外す行も残します。"),
-    ("replicate(module, devices); scatter(x, devices, dim); replicas[:len(inputs)]; parallel_apply; "
-     "gather(outputs, output_device, dim).",
-     "replicate(module, devices)、scatter(x, devices, dim)、replicas[:len(inputs)]、parallel_apply、"
-     "gather(outputs, output_device, dim) の順です。"),
+    ("Use the chapter's four primitives in order and give `dim` to the two that split and join; between them, "
+     "keep only as many replicas as there are inputs.",
+     "この章の 4つの基本操作を順に使い、分割と結合の 2つに `dim`"
+     " を渡します。その間で、レプリカは入力の数だけ残します。"),
 ], mistakes={
     "wrong_dim": ("The batch was split along the wrong dimension: each replica saw part of every sequence in time. "
                   "Split and gather along `dim`.",
@@ -206,8 +208,9 @@ def _cases_03_3():
     ("A chunk's mean loss stands for as many rows as the chunk has: weight it by its size, and divide by the "
      "total number of rows.",
      "チャンクの平均損失は、そのチャンクの行数分の行を代表します。大きさで重み付けし、全体の行数で割ってください。"),
-    ("sum(loss_i * n_i) / sum(n_i), computed with tensor operations so that backward still works.",
-     "sum(loss_i * n_i) / sum(n_i) を、逆伝播が使えるようにテンソルの演算で計算します。"),
+    ("Turn each chunk's mean back into that chunk's sum (its size times its mean), add them up and divide by "
+     "the total number of rows, all with tensor operations.",
+     "各チャンクの平均を、大きさを掛けてそのチャンクの合計に戻し、それらを足して全体の行数で割ります。すべてテンソルの演算で行います。"),
 ], mistakes={
     "mean_of_means": ("You averaged the chunk means. That is right only when all chunks have the same size; the "
                       "last chunk is often smaller.",

@@ -29,8 +29,10 @@ def _cases_04_1():
      "idle share, a number between 0 and 1.",
      "ティックは全部で m + S - 1 個あります。各ステージはそのうち m 個で働き、残りは待っています。バブルはその待ちの"
      "割合で、0 から 1 の間の数です。"),
-    ("idle ticks of one stage / all ticks = (S - 1) / (m + S - 1).",
-     "1つのステージの待ちのティック / 全ティック = (S - 1) / (m + S - 1) です。"),
+    ("Count in ticks: how many ticks the whole step takes (the last micro-batch still has to pass every "
+     "stage), and in how many of them one stage is busy. The bubble is the share of the others.",
+     "ティック単位で数えます。ステップ全体が何ティックかかるか（最後のマイクロバッチもすべてのステージを通ります）、そのうち "
+     "1つのステージが働いているのは何ティックか。バブルは残りのティックの割合です。"),
 ], mistakes={
     "over_m": ("You divided the idle ticks by the busy ones (m). The bubble is a share of all ticks.",
                "待ちのティックを働くティックの数（m）で割っています。バブルは全ティックに占める割合です。"),
@@ -107,10 +109,12 @@ def _their_split_04_2(answer, split_at):
      "forward moves the activation to the second device between them.",
      "サブモジュールを 2つ登録します。`first`（split_at より前の層）と `second`（残り）で、それぞれを自分のデバイスに"
      "移します。forward では、その間で活性化を 2つ目のデバイスへ移します。"),
-    ("`self.first = net[:split_at].to(devices[0])`, `self.second = net[split_at:].to(devices[1])`; forward: "
-     "`self.second(self.first(x.to(d0)).to(d1))`.",
-     "`self.first = net[:split_at].to(devices[0])`、`self.second = net[split_at:].to(devices[1])` とし、forward は "
-     "`self.second(self.first(x.to(d0)).to(d1))` です。"),
+    ("Register the two stages as submodules, each a slice of `net` moved to its device. In forward, move the "
+     "input to the first device, and the first stage's output to the second device before the second stage "
+     "runs.",
+     "2つのステージをサブモジュールとして登録します。それぞれ `net`"
+     " のスライスを自分のデバイスに移したものです。forward では入力を 1つ目のデバイスに移し、1"
+     "つ目のステージの出力を、2つ目のステージの前に 2つ目のデバイスへ移します。"),
 ], mistakes={
     "no_transfer": ("The outputs are right here, but forward never moves the activation to the second device: on "
                     "two real GPUs the second stage would receive a tensor on the wrong device.",
@@ -182,8 +186,11 @@ def _cases_04_3():
      "(plain SGD nothing, momentum one buffer, Adam two moments). Each number is 4 bytes.",
      "テーブルの float32 のコピーを数えます。重み、密な勾配、それに最適化手法が重みごとに持つもの（ふつうの SGD は"
      "なし、モーメンタムはバッファ 1つ、Adam は 2つのモーメント）です。数値 1つは 4バイトです。"),
-    ("rows * dim * 4 * copies, with copies 2, 3 or 4; return bytes, as an int.",
-     "rows * dim * 4 * コピーの数（2、3、4 のどれか）を、バイト単位の int で返します。"),
+    ("Bytes per value, times values per copy, times the number of float32 copies the optimiser needs (count "
+     "them for each optimiser: the weights, a dense gradient, and its own state). Return an int.",
+     "値 1つのバイト数 × 1コピーの値の数 × オプティマイザが必要とする float32"
+     " のコピーの数です（重み、密な勾配、オプティマイザ自身の状態を、オプティマイザごとに数えます）。int"
+     " で返します。"),
 ], mistakes={
     "no_gradient": ("You left out the gradient: backward stores one value per weight, as large as the table.",
                     "勾配を数えていません。逆伝播は重み 1つにつき 1つの値を保存し、その大きさはテーブルと同じです。"),

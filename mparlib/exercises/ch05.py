@@ -45,8 +45,11 @@ def _their_init_05_1(answer):
      "of convolutions and linear layers, with a standard deviation (not a variance) of 0.01.",
      "`type(m) in [...]` はサブクラス（と遅延層）を見落とし、`isinstance` なら受け入れます。畳み込み層と線形層の重み"
      "だけを、分散ではなく標準偏差 0.01 で変えてください。"),
-    ("`if isinstance(m, (nn.Linear, nn.Conv2d)): nn.init.normal_(m.weight, std=0.01)`.",
-     "`if isinstance(m, (nn.Linear, nn.Conv2d)): nn.init.normal_(m.weight, std=0.01)` です。"),
+    ("Test the module's type against the two layer classes the exercise names (isinstance with a tuple), and "
+     "for those alone draw the weight anew, in place, from nn.init's normal distribution with the stated "
+     "standard deviation.",
+     "モジュールの型を、問題が挙げる 2つの層のクラスと比べ（タプルを渡した isinstance"
+     "）、それらについてだけ、重みを nn.init の正規分布から、指定の標準偏差でその場で引き直します。"),
 ], mistakes={
     "exact_type": ("A layer kept its old weights: an exact type check misses subclasses of nn.Linear, such as the "
                    "output projection of nn.MultiheadAttention.",
@@ -107,8 +110,10 @@ def _cases_05_2():
      "drop_last it is skipped.",
      "全体のバッチは batch_per_device * k です。drop_last がなければ最後の小さなバッチも 1ステップになり、drop_last "
      "があれば飛ばされます。"),
-    ("ceil(n / global batch) without drop_last, n // global batch with it.",
-     "drop_last なしなら ceil(n / 全体のバッチ)、ありなら n // 全体のバッチ です。"),
+    ("Steps are batches. The global batch is the per-device batch times k; with drop_last the incomplete last "
+     "batch is dropped (round down), without it, it is kept (round up).",
+     "ステップの数はバッチの数です。全体のバッチはデバイスあたりのバッチの k倍です。drop_last"
+     " では最後の半端なバッチを捨て（切り捨て）、そうでなければ残します（切り上げ）。"),
 ], mistakes={
     "per_device": ("You divided by one device's batch: every step consumes batch_per_device images on each of the "
                    "k devices.",
@@ -166,10 +171,11 @@ TOLERANCE = 3.0  # a learner's measurement within a factor of 3 of the check's c
      "processed by the seconds they took.",
      "まず 1ステップ実行し（ウォームアップ）、それから time.perf_counter で数ステップの時間を測り、処理した画像の"
      "数をかかった秒数で割ります。"),
-    ("`optimizer = torch.optim.SGD(net.parameters(), lr=0.01)`; after one warm-up `train_step`, time n more and "
-     "return `n * len(y) / seconds`.",
-     "`optimizer = torch.optim.SGD(net.parameters(), lr=0.01)` とし、ウォームアップの `train_step` の後で n回の時間を"
-     "測り、`n * len(y) / seconds` を返します。"),
+    ("Build the optimiser, run one step to warm up, then time a fixed number of steps between two calls of "
+     "time.perf_counter. Images per second are the images those steps saw over the seconds they took.",
+     "オプティマイザを作り、ウォームアップに 1ステップ実行してから、決まった数のステップを "
+     "time.perf_counter の 2"
+     "回の呼び出しではさんで計ります。画像/秒は、それらのステップが見た画像の数を、かかった秒数で割ったものです。"),
 ], mistakes={
     "per_step": ("Your number is about one batch size away from the check's: it looks like steps per second (or "
                  "seconds per step). Count images.",

@@ -110,10 +110,10 @@ def average_child(module, name, seed=0, per_rank=4):
      "processes. A frozen parameter has no gradient (p.grad is None).",
      "各ランクが集合通信で各パラメータの勾配を全ランク分合計し、プロセス数で割ります。凍結したパラメータには勾配が"
      "ありません（p.grad is None）。"),
-    ("for p in model.parameters(): skip p.grad None; dist.all_reduce(p.grad) sums in place; then divide p.grad "
-     "in place by dist.get_world_size().",
-     "for p in model.parameters(): で p.grad が None のものは飛ばし、dist.all_reduce(p.grad) でその場で合計し、"
-     "p.grad を dist.get_world_size() でその場で割ります。"),
+    ("Loop over the parameters that have a gradient. The collective sums in place across the ranks, so a mean "
+     "needs one more in-place operation with the world size.",
+     "勾配を持つパラメータについてループします。集合通信はランクをまたいでその場で合計するので、平均にするには "
+     "world size を使った演算をもう 1つ、その場で行います。"),
 ], mistakes={
     "missing_division": ("Each gradient is the world size times too large: the all-reduce sums, and DDP averages. "
                          "Divide by dist.get_world_size() (not by a fixed 2: the check runs 3 processes).",
@@ -216,10 +216,10 @@ def sampler_mistake(values, size):
      "order comes from seed + epoch, so the sampler must be told the epoch before each pass.",
      "ワーカーの中で作った DistributedSampler は、ランクとワールドサイズをプロセスグループから読みます。順序は "
      "seed + epoch から作られるので、各回の前にサンプラーにエポックを伝える必要があります。"),
-    ("sampler = DistributedSampler(dataset, shuffle=True, seed=seed); for each epoch: sampler.set_epoch(epoch), "
-     "then list(sampler) is this rank's share.",
-     "sampler = DistributedSampler(dataset, shuffle=True, seed=seed) を作り、各エポックで "
-     "sampler.set_epoch(epoch) を呼んでから list(sampler) をこのランクの担当分にします。"),
+    ("PyTorch's DistributedSampler does the sharding; what gives each epoch a new order is the call that tells "
+     "it the epoch, made before you iterate over it.",
+     "シャーディングは PyTorch の DistributedSampler"
+     " が行います。エポックごとに新しい順序にするのは、反復する前にエポックを伝える呼び出しです。"),
 ], mistakes={
     "forgot_set_epoch": ("Every epoch has the same order: the sampler was never told the epoch. Call "
                          "sampler.set_epoch(epoch) at the start of each epoch.",
@@ -314,10 +314,10 @@ def save_child(module, name, folder, delay=4.0):
      "書くのは 1つのランク（ランク 0）だけです。一時ファイルに書いてから名前を変えるので、落ちても中途半端なファイルは"
      "残りません。DDP のラッパーの内側のモデルを保存します（'module.' の接頭辞なし）。ほかのランクはファイルができる"
      "まで先に進んではいけません。"),
-    ("if dist.get_rank() == 0: torch.save(model.module.state_dict(), a temporary path next to path), then "
-     "os.replace(temporary, path); after the if, on every rank: dist.barrier().",
-     "if dist.get_rank() == 0: で torch.save(model.module.state_dict(), path の隣の一時ファイル) を行い、"
-     "os.replace(一時ファイル, path) を呼びます。if の外で、すべてのランクが dist.barrier() を呼びます。"),
+    ("Only rank 0 writes, and it writes a temporary file in the same folder first, then renames it over the "
+     "target in one step. Every rank then waits at a barrier, outside the `if`.",
+     "書くのはランク 0 だけです。まず同じフォルダに一時ファイルを書き、それを 1"
+     "回の操作で目的の名前に置き換えます。そのあと、`if` の外で、すべてのランクがバリアで待ちます。"),
 ], mistakes={
     "every_rank_saves": ("More than one rank called torch.save: only rank 0 should write the checkpoint.",
                          "複数のランクが torch.save を呼びました。チェックポイントを書くのはランク 0 だけです。"),

@@ -57,10 +57,13 @@ def linear_cases(seed=0, n=8):
      "bytes: the input, the weight, the bias if there is one, and the output.",
      "線形層は入力の各行（先頭の次元をすべてまとめたものが行です）に重みを掛けます。行、入力特徴、出力特徴の組ごとに"
      "積和が 1回で、積和は 2 FLOP と数えます。バイト数は入力、重み、（あれば）バイアス、出力の分です。"),
-    ("rows = math.prod(in_shape[:-1]); flops = 2 * rows * in_features * out_features; values = rows * in + "
-     "weight.numel() + (bias.numel() if bias) + rows * out; return flops, values * bytes_per_value.",
-     "rows = math.prod(in_shape[:-1]); flops = 2 * rows * in_features * out_features; values = rows * in + "
-     "weight.numel() +（バイアスがあれば bias.numel()）+ rows * out; return flops, values * bytes_per_value。"),
+    ("FLOPs: a multiply and an add for each of the in_features x out_features products, for every row (all "
+     "leading dimensions together). Bytes: count the values read and written (input, weight, bias if there is "
+     "one, output), then multiply by the bytes per value.",
+     "FLOP: 行ごと（先頭の次元をすべてまとめた行）に、in_features x out_features"
+     " 個の積それぞれについて乗算と加算が 1"
+     "回ずつです。バイト数: 読み書きする値（入力、重み、あればバイアス、出力）を数え、値 1"
+     "つのバイト数を掛けます。"),
 ], mistakes={
     "missing_factor_two": ("Your FLOPs are half of PyTorch's count: a multiply-add is two floating-point operations.",
                            "FLOP が PyTorch の数え方の半分です。積和は 2回の浮動小数点演算です。"),
@@ -115,8 +118,10 @@ def roofline(peak_tflops, bandwidth_gbs, intensity):
      "one. Mind the units: GB/s x FLOP/byte is GFLOP/s, and the answer is in TFLOP/s.",
      "上限は 2つあります。デバイスのピークと、メモリが供給できる 帯域幅 x 演算強度 です。カーネルが得られるのは"
      "小さいほうです。単位に注意してください。GB/s x FLOP/バイト は GFLOP/s で、答えは TFLOP/s です。"),
-    ("return min(peak_tflops, bandwidth_gbs * intensity / 1000)",
-     "return min(peak_tflops, bandwidth_gbs * intensity / 1000)"),
+    ("There are two ceilings: the peak itself, and what memory can feed (bandwidth times intensity, converted "
+     "from GFLOP/s to TFLOP/s). A kernel gets the lower of the two.",
+     "上限は 2つです。ピークそのものと、メモリが供給できる量（帯域幅 × 演算強度。GFLOP/s から "
+     "TFLOP/s に換算します）です。カーネルが得られるのは低いほうです。"),
 ], mistakes={
     "max_not_min": ("Your value exceeds one of the two limits: a kernel gets the smaller of the two, not the larger.",
                     "あなたの値は 2つの上限の一方を超えています。カーネルが得られるのは大きいほうではなく小さいほうです。"),
@@ -170,10 +175,10 @@ def small_cnn(seed):
      "and the backward pass; then share the count among the images of the batch.",
      "1つの FlopCounterMode のブロックの中で、訓練ステップが計算するものすべて（順伝播、損失、逆伝播）を数え、"
      "その数をミニバッチの画像の枚数で割ります。"),
-    ("with FlopCounterMode(display=False) as count: cross_entropy(model(images), labels).backward(); "
-     "return count.get_total_flops() / len(images)",
-     "with FlopCounterMode(display=False) as count: の中で cross_entropy(model(images), labels).backward() を"
-     "実行し、count.get_total_flops() / len(images) を返します。"),
+    ("Count the whole training step, forward, loss and backward, inside one FlopCounterMode block, then divide "
+     "the total it reports by the number of images.",
+     "訓練の 1ステップ全体（順伝播、損失、逆伝播）を 1つの FlopCounterMode"
+     " のブロックの中で数え、報告された合計を画像の枚数で割ります。"),
 ], mistakes={
     "forward_only": ("Your count is about a third of a training step: the backward pass (about twice the forward) "
                      "must run inside the counter too.",

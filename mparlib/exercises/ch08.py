@@ -82,12 +82,11 @@ def gather_child(module, name, sizes):
      "blocking recv on both sides first waits forever: post the sends and the receives together.",
      "各ランクは自分のテンソルを他のすべてのランクに送り、他のランクのテンソルを正しい大きさのバッファに受け取ります。"
      "両側がブロッキングの recv から始めると永遠に待つので、送信と受信をまとめて発行します。"),
-    ("out = [empty(sizes[r]) for r]; out[rank] = tensor; ops = [P2POp(dist.isend, tensor, peer), "
-     "P2POp(dist.irecv, out[peer], peer) for every peer != rank]; wait for every work of "
-     "dist.batch_isend_irecv(ops).",
-     "out = [empty(sizes[r]) を各 r に]; out[rank] = tensor; rank 以外の各 peer について "
-     "P2POp(dist.isend, tensor, peer) と P2POp(dist.irecv, out[peer], peer) を ops に入れ、"
-     "dist.batch_isend_irecv(ops) のすべての work を wait します。"),
+    ("Prepare one receive buffer per rank (your own slot holds your tensor). Build a send and a receive "
+     "operation for every other rank, start them all in one batch, then wait for each.",
+     "ランクごとに受信バッファを 1"
+     "つ用意します（自分の枠には自分のテンソルを入れます）。ほかのすべてのランクについて送信と受信の操作を作り、1"
+     "回のバッチでまとめて開始してから、それぞれの完了を待ちます。"),
 ], mistakes={
     "used_collective": P2P_HINT,
     "rank_order": ("All the tensors arrived, but not in rank order: position r of the list must hold rank r's "
@@ -195,11 +194,13 @@ def scatter_key(got, n, rank, k):
      "k - 1 ステップで、各ステップでは 1つのチャンクを rank + 1 へ送りながら別のチャンクを rank - 1 から受け取り、"
      "届いたものを自分のそのチャンクに足します。最後に完成するのがチャンク rank になるよう（dist.reduce_scatter "
      "と同じ配置）、最初に送るチャンクを選びます。"),
-    ("bounds = chunk_bounds(n, k); at step s send chunk (rank - s - 1) % k and receive chunk (rank - s - 2) % k "
-     "with P2POp isend/irecv in one batch_isend_irecv, add it; return chunk rank of the flattened tensor.",
-     "bounds = chunk_bounds(n, k) とし、ステップ s ではチャンク (rank - s - 1) % k を送り、チャンク "
-     "(rank - s - 2) % k を受け取ります（P2POp の isend/irecv を 1回の batch_isend_irecv で）。受け取ったものを"
-     "足し、フラットにしたテンソルのチャンク rank を返します。"),
+    ("Split the flattened tensor into k chunks with the chapter's bounds. In each of k - 1 steps every rank "
+     "passes one chunk to its right and adds the one that arrives from its left; work out from the step number "
+     "which chunk to send and which to receive, so that rank r ends with the full sum of chunk r.",
+     "平らにしたテンソルを、章の境界で k個のチャンクに分けます。k - 1"
+     " 回のステップのそれぞれで、各ランクはチャンクを 1つ右隣に渡し、左隣から届いたものを足します。ランク r"
+     " が最後にチャンク r"
+     " の完全な和を持つように、ステップ番号から送るチャンクと受け取るチャンクを求めてください。"),
 ], mistakes={
     "used_collective": P2P_HINT,
     "rotated": ("Your rank holds the full sum of the next rank's chunk. Shift the chunk indices by one so that rank "
@@ -258,8 +259,10 @@ def ring_seconds(nbytes, k, alpha, beta):
      "the latency once.",
      "k ランクのリングのステップ数（前半と後半の両方）と、1ステップで 1本のリンクを流れるバイト数を数えます。"
      "ステップごとにレイテンシを 1回払います。"),
-    ("steps = 2 * (k - 1), each costing alpha + (nbytes / k) * beta.",
-     "steps = 2 * (k - 1) で、各ステップのコストは alpha + (nbytes / k) * beta です。"),
+    ("Count the steps of both phases on a ring of k ranks, and the cost of one step in the alpha-beta model "
+     "when each step moves one k-th of the message.",
+     "k ランクのリングで 2つの段階を合わせたステップの数と、1ステップでメッセージの k分の 1"
+     " を送るときの、α-β モデルでの 1ステップのコストを求めます。"),
 ], mistakes={
     "one_phase": ("Your time is half the ring's: the all-reduce has two phases, reduce-scatter and all-gather, of "
                   "k - 1 steps each.",
@@ -329,11 +332,10 @@ def buckets_below_cap(grad_bytes, cap_bytes, first_cap_bytes=None):
      "soon as the bucket holds at least its cap, close it. The first bucket may have its own, smaller cap.",
      "勾配ができあがる順（与えられた順）にたどります。各勾配を開いているバケットに加え、バケットが上限以上になった"
      "時点で閉じます。最初のバケットだけは別の、小さな上限を持つことがあります。"),
-    ("buckets, current, size = [], [], 0; for i, n: current.append(i); size += n; cap = first_cap_bytes if it is "
-     "given and no bucket is closed yet, else cap_bytes; if size >= cap: close; at the end close what is left.",
-     "buckets, current, size = [], [], 0; 各 i, n について current.append(i); size += n; まだ閉じたバケットがなく"
-     "first_cap_bytes が与えられていれば cap = first_cap_bytes、そうでなければ cap_bytes; size >= cap なら閉じる; "
-     "最後に残りを閉じます。"),
+    ("Walk the gradients in the given order and add each to the open bucket. Close the bucket as soon as its "
+     "size reaches the cap (the first cap for the first bucket, when one is given), and close what is left at "
+     "the end.",
+     "与えられた順に勾配をたどり、それぞれを開いているバケットに加えます。バケットの大きさが上限に達したらすぐに閉じ（最初の上限が与えられていれば、最初のバケットにはそれを使います）、最後に残りを閉じます。"),
 ], mistakes={
     "closes_early": ("Your buckets never exceed the cap: DDP adds the gradient first and closes the bucket once it "
                      "holds at least the cap, so a bucket may end above it.",

@@ -41,10 +41,13 @@ def zero_total(n_params, world, stage, per_parameter, shift=0, everything=None):
      "部分は 3つ、パラメータ、勾配、オプティマイザの状態です（パラメータあたりのバイト数は per_parameter に"
      "あります）。ステージ 0 は 3つとも各ランクに丸ごと持ちます。ステージ 1 はオプティマイザの状態をワールドサイズで"
      "割り、ステージ 2 は勾配も、ステージ 3 はパラメータも割ります。"),
-    ("sharded = {'optimizer': stage >= 1, 'grads': stage >= 2, 'params': stage >= 3}; sum n_params * "
-     "per_parameter[part] / (world if sharded[part] else 1) over the three parts.",
-     "sharded = {'optimizer': stage >= 1, 'grads': stage >= 2, 'params': stage >= 3} とし、3つの部分について "
-     "n_params * per_parameter[part] / (world if sharded[part] else 1) を合計します。"),
+    ("For each of the three parts, decide from the stage whether it is sharded (ZeRO-1 shards the optimizer "
+     "state, ZeRO-2 the gradients too, ZeRO-3 the parameters as well); a sharded part costs a world-th of "
+     "itself per rank. Add the three up.",
+     "3つの部分それぞれについて、ステージからシャーディングされるかどうかを決めます（ZeRO-1"
+     " はオプティマイザの状態、ZeRO-2 はさらに勾配、ZeRO-3"
+     " はパラメータも）。シャーディングされた部分は、ランクあたりその world 分の 1 です。3"
+     "つを足し合わせます。"),
 ], mistakes={
     "stage_shift": ("Your numbers are those of the neighbouring stage: stage 1 shards only the optimizer state, "
                     "stage 2 adds the gradients, stage 3 the parameters.",
@@ -119,10 +122,10 @@ def reference_shards(tensors, world):
      "world), so the buffer is padded with zeros up to world x S. Rank r takes elements r S to (r + 1) S.",
      "すべてのテンソルをフラットにしてつなげます。どのランクも同じ個数 S = ceil(total / world) を受け持つので、"
      "バッファを world x S までゼロで埋めます。ランク r は r S から (r + 1) S までの要素を受け持ちます。"),
-    ("flat = torch.cat([t.reshape(-1) for t in tensors]); S = math.ceil(flat.numel() / world); pad with "
-     "torch.zeros to world * S; return padded[rank * S:(rank + 1) * S].",
-     "flat = torch.cat([t.reshape(-1) for t in tensors]); S = math.ceil(flat.numel() / world); torch.zeros で "
-     "world * S まで埋め、padded[rank * S:(rank + 1) * S] を返します。"),
+    ("Flatten and concatenate the tensors, pad with zeros up to a multiple of world, and give rank r the r-th "
+     "of the equal slices.",
+     "テンソルを平らにして連結し、0 を詰めて長さを world の倍数にし、ランク r に r"
+     " 番目の等しいスライスを渡します。"),
 ], mistakes={
     "no_padding": ("The shards differ in size: pad the flat buffer with zeros to a multiple of the world size, so "
                    "that every rank's shard has ceil(total / world) elements.",
@@ -160,10 +163,10 @@ def check_09_2(answer):
     ("Concatenate the shards; then cut the tensors off the front one after another, each with as many elements as "
      "its shape holds, and reshape. What is left at the end is padding.",
      "シャードをつなげ、前から順に、それぞれの形状が持つ個数ずつ切り出して形状を戻します。最後に残るのはパディングです。"),
-    ("flat = torch.cat(shards); for shape in shapes: n = math.prod(shape); take flat[offset:offset + n]"
-     ".reshape(shape); offset += n.",
-     "flat = torch.cat(shards); 各 shape について n = math.prod(shape); flat[offset:offset + n].reshape(shape) を"
-     "取り、offset += n とします。"),
+    ("Concatenate the shards back into one flat buffer, then walk the shapes with a running offset, cutting "
+     "out each tensor's number of elements and giving it its shape back. The padding at the end is never read.",
+     "シャードを連結して 1"
+     "つの平らなバッファに戻し、オフセットを進めながら形状を順にたどって、各テンソルの要素数だけ切り出して形を戻します。末尾の詰め物は読みません。"),
 ], mistakes={
     "shape_lost": ("The values are right but a tensor has the wrong shape: reshape each piece to its shape.",
                    "値は正しいのですが、形状の違うテンソルがあります。切り出した各部分を元の形状にしてください。"),
@@ -256,12 +259,11 @@ def zero_key(values, step, index):
      "ローカルな勾配を world x S まで埋めたバッファにフラットに並べ、リデュース・スキャッターします（各ランクは自分のスライスの"
      "合計を受け取ります）。それをワールドサイズで割り、フラットなパラメータのこのランクのスライスを SGD で更新し、スライスを"
      "オールギャザーしてパラメータに書き戻します。"),
-    ("grads = zeros(world * S); grads[:total] = cat of p.grad; reduce_scatter_single(shard, grads) (the chapter's "
-     "worker shows the name for your torch); shard /= world; mine = flat_params[rank*S:(rank+1)*S] - lr * shard; "
-     "all_gather_single(flat, mine); copy flat back into each p under torch.no_grad().",
-     "grads = zeros(world * S); grads[:total] に p.grad をつなげたものを入れ、reduce_scatter_single(shard, grads)"
-     "（お使いの torch での名前は章のワーカーを参照）; shard /= world; mine = flat_params[rank*S:(rank+1)*S] - "
-     "lr * shard; all_gather_single(flat, mine); torch.no_grad() の中で flat を各 p に書き戻します。"),
+    ("Gather the gradients into one padded flat buffer and reduce-scatter it, so that each rank gets the sum "
+     "over ranks of its own shard; average it, update only your shard of the parameters, all-gather the shards "
+     "and copy the result back into the parameters.",
+     "勾配を詰め物付きの 1"
+     "つの平らなバッファに集めてリデュース・スキャッターし、各ランクが自分のシャードのランク間の和を受け取るようにします。それを平均し、自分のシャードのパラメータだけを更新し、シャードをオールギャザーして、結果をパラメータに書き戻します。"),
 ], mistakes={
     "missing_average": ("The parameters moved the world size times too far: the reduce-scatter sums the "
                         "gradients, and data parallelism averages them. Divide by dist.get_world_size().",

@@ -65,10 +65,10 @@ def row_key(case, world):
      "added once, after the sum.",
      "ランク r は重みの r*in/n から (r+1)*in/n 列目を持ち、対応する入力の特徴だけを読みます。その積は部分和で、"
      "全ランクの部分和を足す（オールリデュース）と x @ W.T になります。バイアスは合計のあとに 1回だけ足します。"),
-    ("step = linear.in_features // world; part = x[..., rank*step:(rank+1)*step] @ "
-     "linear.weight[:, rank*step:(rank+1)*step].T; dist.all_reduce(part); return part + linear.bias.",
-     "step = linear.in_features // world; part = x[..., rank*step:(rank+1)*step] @ "
-     "linear.weight[:, rank*step:(rank+1)*step].T; dist.all_reduce(part); return part + linear.bias。"),
+    ("Each rank takes its slice of the input features and the matching columns of the weight and computes a "
+     "partial product; the ranks sum their partial products, and the bias is added once, after the sum.",
+     "各ランクは入力の特徴量のうち自分のスライスと、それに対応する重みの列を取り、部分積を計算します。ランクは部分積を合計し、バイアスは合計の後に "
+     "1回だけ足します。"),
 ], mistakes={
     "bias_every_rank": ("The bias was added on every rank before the sum, so the output holds it world-size times: "
                         "add it once, after the all-reduce.",
@@ -135,10 +135,12 @@ def order_key(got, stage, p, m):
      "3つの段階があります。ウォームアップでは、最初の勾配が戻ってこられるようになるまで順伝播をします。最後のステージは"
      "1回、その手前のステージは 1回ずつ多く必要です（ただし m を超えません）。次に、順伝播が残っている間は逆伝播と"
      "順伝播を 1回ずつ交互に行い、最後に残りの逆伝播を行います。マイクロバッチはどちらの向きでも番号順です。"),
-    ("warmup = min(m, p - stage): ('F', 0) ... ('F', warmup - 1); then for b in range(m): ('B', b) and, if a "
-     "forward is left, the next ('F', f).",
-     "warmup = min(m, p - stage) として ('F', 0) ... ('F', warmup - 1) を並べ、b を range(m) で回しながら "
-     "('B', b) と、順伝播が残っていれば次の ('F', f) を加えます。"),
+    ("Write the warm-up count of level 2 as a formula in p and the stage index (0 for the first stage), capped "
+     "at m. Then build the list in three loops: the warm-up forwards, the steady pairs (a backward, then a "
+     "forward while any is left), the closing backwards.",
+     "段階 2 のウォームアップの回数を、p とステージの番号（最初のステージが 0）の式で書き、m"
+     " を上限にします。そのあとリストを 3つのループで作ります。ウォームアップの順伝播、定常の組（逆伝播を 1"
+     "つ、残っていれば順伝播を 1つ）、最後の逆伝播です。"),
 ], mistakes={
     "gpipe": ("That is GPipe's order: all forwards, then all backwards. 1F1B starts the backward passes as soon as "
               "the first gradient arrives.",
@@ -180,7 +182,10 @@ def check_10_2(answer):
      "the bubble is the idle share of the step.",
      "p 個の各ランクは、マイクロバッチ m + p - 1 個分の長さのステップのうち、m 個分だけ働きます。バブルはステップのうち"
      "働いていない割合です。"),
-    ("idle / total = (p - 1) / (m + p - 1).", "idle / total = (p - 1) / (m + p - 1)。"),
+    ("Count in ticks, as in chapter 4: how long a step of m micro-batches takes on p stages, and how much of "
+     "it one stage is busy. The bubble is the rest, as a share.",
+     "4章と同じくティックで数えます。p ステージで m 個のマイクロバッチの 1"
+     "ステップが何ティックかかり、そのうち 1つのステージが働くのは何ティックか。バブルは残りの割合です。"),
 ], mistakes={
     "over_busy": ("Your value divides the idle time by the busy time (p - 1) / m: the bubble is a share of the "
                   "whole step, m + p - 1.",

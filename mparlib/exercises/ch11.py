@@ -34,10 +34,12 @@ def merge_cases(seed=0):
      "each part's output is scaled by its share of that sum; the new lse is the log of the sum.",
      "それぞれの部分は、自分のキーだけでのソフトマックスです。両方を合わせたソフトマックスの分母は "
      "exp(lse_a) + exp(lse_b) なので、各部分の出力をその和に占める割合で縮めます。新しい lse はその和の対数です。"),
-    ("lse = torch.logaddexp(lse_a, lse_b); weight a part by torch.exp(lse_a - lse), with unsqueeze(-1) so that it "
-     "broadcasts over the feature dimension.",
-     "lse = torch.logaddexp(lse_a, lse_b) とし、各部分に torch.exp(lse_a - lse) を掛けます。特徴の次元に"
-     "ブロードキャストするように unsqueeze(-1) を付けます。"),
+    ("Work in log space: one PyTorch function combines the two parts' lse into the whole one, and each part's "
+     "output is weighted by the exponential of its own lse minus the combined one, broadcast over the feature "
+     "dimension.",
+     "対数の空間で考えます。2つの部分の lse から全体の lse を求めるのは PyTorch の関数 1"
+     "つです。各部分の出力は、自分の lse から全体の lse"
+     " を引いたものの指数で重み付けし、特徴量の次元にブロードキャストします。"),
 ], mistakes={
     "chapter_function": ("Your function calls the chapter's merge: write the rule yourself, then compare with it.",
                          "関数が章の merge を呼んでいます。規則を自分で書き、そのあとで章のものと比べてください。"),
@@ -107,9 +109,10 @@ def _positions(got):
      "long rows of the causal mask pair up.",
      "系列を 2N 個の等しいチャンクに切ります。各ランクは前のほうのチャンク 1つと、それに対応する後ろのほうのチャンク "
      "1つを取るので、因果マスクの短い行と長い行が組になります。"),
-    ("With c = length // (2 * world): rank r holds positions r*c ... (r+1)*c - 1 and (2N-1-r)*c ... (2N-r)*c - 1.",
-     "c = length // (2 * world) とすると、ランク r が持つのは位置 r*c … (r+1)*c - 1 と (2N-1-r)*c … "
-     "(2N-r)*c - 1 です。"),
+    ("Cut the sequence into 2 x world equal chunks. Rank r takes one chunk from the front and its mirror image "
+     "from the back, so that every rank gets one cheap and one expensive chunk.",
+     "系列を 2 x world 個の等しいチャンクに分けます。ランク r は前から 1つ、それと対になる 1"
+     "つを後ろから取り、どのランクも軽いチャンクと重いチャンクを 1つずつ持つようにします。"),
 ], mistakes={
     "chapter_function": ("Your function calls the chapter's split: work the positions out yourself.",
                          "関数が章の分割を呼んでいます。位置を自分で求めてください。"),
@@ -173,8 +176,10 @@ def check_11_2(answer):
      "the rank of their expert.",
      "E 個のエキスパートを N 個のランクに置くと、ランク d が持つのは、順に d*E/N から (d+1)*E/N - 1 の"
      "エキスパートです。このランクの行を、そのエキスパートを持つランクごとに数えます。"),
-    ("torch.bincount(expert_of_row // (num_experts // world), minlength=world), as a list of ints.",
-     "torch.bincount(expert_of_row // (num_experts // world), minlength=world) を int のリストにします。"),
+    ("Map each row's expert to the rank that holds it (the experts are split into world equal blocks), then "
+     "count the rows per rank, ranks without rows included.",
+     "各行のエキスパートを、それを持つランクに対応させます（エキスパートは world"
+     " 個の等しいブロックに分かれています）。そのあとランクごとの行数を、行のないランクも含めて数えます。"),
 ], mistakes={
     "per_expert": ("You count rows per expert: all_to_all_single wants one size per rank (sum the experts each rank "
                    "holds).",

@@ -36,8 +36,10 @@ def first_wrong(answer, cases, reference, hypotheses, describe, rel=1e-9):
      "the idle time is (p - 1) / v micro-batches' worth; the busy time is still m of them.",
      "パイプラインが満ちるまでと空になるまでに通るステージは前と同じ p - 1 個ですが、その 1つ 1つはランクの仕事の"
      "1/v になりました。そのため遊ぶ時間はマイクロバッチ (p - 1) / v 個分で、働く時間は変わらず m 個分です。"),
-    ("idle / (idle + busy) = ((p - 1) / v) / ((p - 1) / v + m) = (p - 1) / (v m + p - 1).",
-     "idle / (idle + busy) = ((p - 1) / v) / ((p - 1) / v + m) = (p - 1) / (v m + p - 1)。"),
+    ("As in chapter 10 the pipeline fills and drains through p - 1 stages, but each of them is now 1/v of a "
+     "rank's work; compute the idle and the busy time in those units and take the idle share.",
+     "10章と同じく、パイプラインが満ちるまでと空になるまでに p - 1 個のステージを通りますが、その 1つ "
+     "1つはランクの仕事の 1/v になりました。その単位で遊ぶ時間と働く時間を求め、遊ぶ時間の割合を取ります。"),
 ], mistakes={
     "ratio": ("Your value divides the idle time by the busy time, (p - 1) / (v m): the formula asks for the idle share of "
               "the whole step.",
@@ -81,10 +83,12 @@ def state_reference(n_params, dp, tp, pp, stage):
      "gradients and optimizer state. ZeRO then shards that share over the dp ranks that hold the same part.",
      "テンソル並列とパイプライン並列はモデルそのものを分けます。ランクが持つのはパラメータの n / (tp pp) と、その勾配と"
      "オプティマイザの状態です。ZeRO は、その分け前を同じ部分を持つ dp 個のランクでさらにシャーディングします。"),
-    ("With k = n / (tp pp): 4 k for the parameters, 4 k for the gradients, 8 k for Adam, each divided by dp when the "
-     "stage shards it (optimizer from stage 1, gradients from 2, parameters at 3).",
-     "k = n / (tp pp) として、パラメータ 4 k、勾配 4 k、Adam 8 k バイトです。ステージがシャーディングするものだけを"
-     "dp で割ります（オプティマイザはステージ 1 から、勾配は 2 から、パラメータは 3 で）。"),
+    ("First a rank's share of the model, from the tensor- and pipeline-parallel degrees; then chapter 9's "
+     "accounting on that share: bytes per parameter for each part, divided by dp for the parts that the ZeRO "
+     "stage shards.",
+     "まず、テンソル並列とパイプライン並列の度数から、ランクが受け持つモデルの割合を求めます。次に、その割合に 9"
+     "章の数え方を当てはめます。部分ごとのパラメータあたりのバイト数を、ZeRO"
+     " のステージがシャーディングする部分については dp で割ります。"),
 ], mistakes={
     "no_model_split": ("Your bytes do not shrink with tp and pp: tensor and pipeline parallelism give each rank only "
                        "its part of the model.",
@@ -140,9 +144,10 @@ def in_flight_reference(schedule, stage, num_stages, micro_batches):
      "passes and count how many are alive at once; take the largest count.",
      "マイクロバッチの活性化は、そのステージでの順伝播から逆伝播まで残ります。パスの順序をたどり、同時にいくつ残って"
      "いるかを数え、その最大を取ります。"),
-    ("GPipe runs all m forwards first: m. 1F1B warms up with min(m, p - stage) forwards and then keeps that number.",
-     "GPipe は m 回の順伝播をすべて先に行うので m です。1F1B は min(m, p - stage) 回の順伝播でウォームアップし、その後は"
-     "その数を保ちます。"),
+    ("Follow each schedule's order of passes on one stage and count, at the worst moment, how many forwards "
+     "have run whose backward has not.",
+     "1"
+     "つのステージでの各スケジュールのパスの順序をたどり、逆伝播がまだ済んでいない順伝播が最も多くなる瞬間に、それがいくつあるかを数えます。"),
 ], mistakes={
     "stage_ignored": ("Every stage of your 1F1B holds the same number. The first stage warms up longest; the last holds "
                       "just one micro-batch at a time.",

@@ -83,7 +83,8 @@ class Exercise:
     apart: bool = False
 
     def hint_text(self, level):
-        """The hint of ``level`` (1 = where to look ... last = nearly the code), in the learner's language."""
+        """The hint of ``level`` (1 = where to look ... last = one step short of the code), in the learner's
+        language."""
         return tr(*self.hints[level - 1])
 
     def mistake_text(self, key):
@@ -102,8 +103,9 @@ LIMITS = {None: 30.0, "gpu": 30.0, "processes": 240.0}  # seconds a whole check 
 def exercise(number, hints, mistakes=None, needs=None, title=None, limit=None, apart=False):
     """Register the decorated function as the check of exercise ``number`` ("01.1"). For check authors: see the package docstring.
 
-    ``hints``: two or more ``(en, ja)`` pairs, level 1 first (where to look), the last nearly the code, never the
-    answer. ``mistakes``: ``{key: (en, ja)}``, the hint for each likely mistake a :func:`wrong` outcome can name.
+    ``hints``: two or more ``(en, ja)`` pairs, level 1 first (where to look), the last one step short of the code,
+    never the answer. ``mistakes``: ``{key: (en, ja)}``, the hint for each likely mistake a :func:`wrong` outcome
+    can name.
     ``needs``: ``None``, ``"gpu"`` (else the outcome is "cannot run here") or ``"processes"`` (distributed).
     ``limit``: seconds the whole check may run before its process is ended (default: :data:`LIMITS` by ``needs``).
     ``apart``: the check runs in the kernel and every :func:`call` of the learner's code in a clean worker process
