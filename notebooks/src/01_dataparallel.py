@@ -459,17 +459,19 @@ assert gap < 1e-12, gap
 # <!-- en -->
 # ## Exercises
 #
-# Each exercise below has a **starter** cell: a function whose body is `raise NotImplementedError`. Replace that
-# line with your code, run the cell, then run the check cell under it. The check runs your function on its own
-# inputs and says one of: *not attempted* (the starter is unchanged), *wrong* (the first case that goes wrong and a
-# hint for the likely mistake), *error* (your exception and its traceback), *right*, or *cannot run here*.
-# It never prints the answer. `hint("01.1")` prints the next hint each time you call it, from where to look to
-# nearly the code; `hint("01.1", 2)` prints a given level. The stored notebook shows the checks of the untouched
-# starters.
+# Each exercise below has a **starter** cell: a function whose body is `raise NotImplementedError`. Replace that line
+# with your code, run the cell, then run the check cell under it. The check runs your function on its own inputs in a
+# fresh worker process, compares what comes back here in the kernel, and says one of: *not attempted* (the starter is
+# unchanged), *wrong* (the first case that goes wrong and one hint for the likely mistake; a function still running
+# after 30 s is stopped, and is wrong too), *error* (your exception and its traceback, or your code ending its
+# process), *right*, *cannot run here* (for example, no GPU) or *the check itself failed* (a fault of the check, never
+# a verdict on your answer). It never prints the answer. `hint("01.1")` prints the next hint level each time you call
+# it, from where to look to one step short of the code, and says when none is left; `hint("01.1", 2)` prints a given
+# level. The stored notebook shows the checks of the untouched starters.
 # <!-- ja -->
 # ## 練習問題
 #
-# 以下の練習問題には、それぞれ**スターター**のセルがあります。本体が `raise NotImplementedError` だけの関数です。その行を自分のコードに置き換えてセルを実行し、すぐ下のチェックのセルを実行してください。チェックは独自の入力で関数を実行し、結果を次のどれかで伝えます。「未着手」（スターターのまま）、「不正解」（最初に食い違った場合と、ありがちな間違いに合わせたヒント）、「エラー」（発生した例外とトレースバック）、「正解」、「この環境では実行できません」です。答えそのものは表示しません。`hint("01.1")` は呼ぶたびに次の段階のヒントを表示します（どこを見ればよいかから、ほぼコードそのものまで）。`hint("01.1", 2)` のように段階を指定することもできます。保存されているノートブックには、スターターのままでのチェック結果が表示されています。
+# 以下の練習問題には、それぞれ**スターター**のセルがあります。本体が `raise NotImplementedError` だけの関数です。その行を自分のコードに置き換えてセルを実行し、すぐ下のチェックのセルを実行してください。チェックは独自の入力で関数を新しいワーカープロセスで実行し、返ってきたものをこのカーネルで比べて、結果を次のどれかで伝えます。「未着手」（スターターのまま）、「不正解」（最初に食い違った場合と、ありがちな間違いに合わせたヒント 1つ。30秒たっても実行中の関数は止められ、これも不正解です）、「エラー」（発生した例外とトレースバック、またはコードがプロセスを終了させたこと）、「正解」、「この環境では実行できません」（GPU がないなど）、「チェック自体の不具合」（チェックの不具合で、あなたの答えの判定ではありません）です。答えそのものは表示しません。`hint("01.1")` は呼ぶたびに次の段階のヒントを表示し（どこを見ればよいかから、コードの一歩手前まで）、もう残っていなければそう伝えます。`hint("01.1", 2)` のように段階を指定することもできます。保存されているノートブックには、スターターのままでのチェック結果が表示されています。
 
 # %%
 from mparlib.exercises import check, hint

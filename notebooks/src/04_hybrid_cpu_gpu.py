@@ -679,11 +679,16 @@ assert len(timings) == 5 and all(t > 0 for t in timings.values())
 # <!-- en -->
 # ## Exercises
 #
-# Complete each starter, run it, then its check cell; `hint("04.1")` gives the next hint.
+# Each exercise has a **starter** cell whose function body is `raise NotImplementedError`: replace that line with your
+# code, run the cell, then run the check cell below it. The check says *not attempted*, *wrong* (the first difference
+# and one hint for the likely mistake), *error* (your exception, or your code ending its process), *right*, *cannot
+# run here* or *the check itself failed* (never a verdict on your answer); it never prints the answer. Your function
+# runs in a fresh worker process and is stopped after 30 s. `hint("04.1")` prints the next hint level each time you
+# call it and says when none is left; `hint("04.1", 2)` prints a given level.
 # <!-- ja -->
 # ## 練習問題
 #
-# スターターを完成させて実行し、その下のチェックのセルを実行してください。`hint("04.1")` で次のヒントが表示されます。
+# 各練習問題には、本体が `raise NotImplementedError` だけの関数を含む**スターター**のセルがあります。その行を自分のコードに置き換えてセルを実行し、すぐ下のチェックのセルを実行してください。チェックの結果は「未着手」、「不正解」（最初の違いと、ありがちな間違いに合わせたヒント 1つ）、「エラー」（発生した例外、またはコードがプロセスを終了させたこと）、「正解」、「この環境では実行できません」、「チェック自体の不具合」（あなたの答えの判定ではありません）のどれかで、答えそのものは表示しません。関数は新しいワーカープロセスで実行し、30秒で止めます。`hint("04.1")` は呼ぶたびに次の段階のヒントを表示し、もう残っていなければそう伝えます。`hint("04.1", 2)` は指定した段階のヒントを表示します。
 
 # %%
 from mparlib.exercises import check, hint

@@ -630,16 +630,18 @@ workdir.cleanup()  # the checkpoint and plot of this chapter's runs lived in a t
 # <!-- en -->
 # ## Exercises
 #
-# Each exercise has a **starter** cell whose function body is `raise NotImplementedError`: replace that line with
-# your code, run the cell, then run the check cell below it. The starters of this chapter are `%%worker` cells,
-# because the check starts fresh processes that import your function. The check says *not attempted*, *wrong*
-# (the first difference it found and a hint for the likely mistake), *error* (your exception), or *right*; it
-# never prints the answer. `hint("06.1")` prints the next hint each time you call it, `hint("06.1", 2)` a given
-# level.
+# Each exercise has a **starter** cell whose function body is `raise NotImplementedError`: replace that line with your
+# code, run the cell, then run the check cell below it. The starters of this chapter are `%%worker` cells, because the
+# check starts fresh processes that import your function. The check says *not attempted*, *wrong* (the first
+# difference and one hint for the likely mistake), *error* (your exception, or your code ending its process), *right*,
+# *cannot run here* or *the check itself failed* (never a verdict on your answer); it never prints the answer. Each
+# check starts fresh processes: a collective that waits for a partner that never comes is stopped after 20 s, naming
+# the waiting rank, and the whole check after 240 s. `hint("06.1")` prints the next hint level each time you call it
+# and says when none is left; `hint("06.1", 2)` prints a given level.
 # <!-- ja -->
 # ## 練習問題
 #
-# 各練習問題には、本体が `raise NotImplementedError` だけの関数を含む**スターター**のセルがあります。その行を自分のコードに置き換えてセルを実行し、すぐ下のチェックのセルを実行してください。チェックは新しいプロセスを起動してそこで関数をインポートするので、この章のスターターは `%%worker` のセルです。チェックの結果は「未着手」、「不正解」（見つかった最初の違いと、ありがちな間違いに合わせたヒント）、「エラー」（発生した例外）、「正解」のどれかで、答えそのものは表示しません。`hint("06.1")` は呼ぶたびに次の段階のヒントを、`hint("06.1", 2)` は指定した段階のヒントを表示します。
+# 各練習問題には、本体が `raise NotImplementedError` だけの関数を含む**スターター**のセルがあります。その行を自分のコードに置き換えてセルを実行し、すぐ下のチェックのセルを実行してください。チェックは新しいプロセスを起動してそこで関数をインポートするので、この章のスターターは `%%worker` のセルです。チェックの結果は「未着手」、「不正解」（最初の違いと、ありがちな間違いに合わせたヒント 1つ）、「エラー」（発生した例外、またはコードがプロセスを終了させたこと）、「正解」、「この環境では実行できません」、「チェック自体の不具合」（あなたの答えの判定ではありません）のどれかで、答えそのものは表示しません。どのチェックも新しいプロセスを起動します。来ない相手を待ち続ける集合通信は 20秒で止めて待っていたランクを示し、チェック全体は 240秒で止めます。`hint("06.1")` は呼ぶたびに次の段階のヒントを表示し、もう残っていなければそう伝えます。`hint("06.1", 2)` は指定した段階のヒントを表示します。
 
 # %%
 from mparlib.exercises import check, hint

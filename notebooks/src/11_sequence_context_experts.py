@@ -1428,14 +1428,16 @@ assert all(SPLITS[d] <= set(range(len(STATE))) for d in DIMENSIONS)
 # <!-- en -->
 # ## Exercises
 #
-# Each exercise has a **starter** cell whose function body is `raise NotImplementedError`: replace that line with
-# your code, run the cell, then run the check cell below it. The check says *not attempted*, *wrong* (the first
-# difference and a hint for the likely mistake), *error* (your exception), or *right*; it never prints the answer.
-# `hint("11.1")` prints the next hint each time you call it, `hint("11.1", 2)` a given level.
+# Each exercise has a **starter** cell whose function body is `raise NotImplementedError`: replace that line with your
+# code, run the cell, then run the check cell below it. The check says *not attempted*, *wrong* (the first difference
+# and one hint for the likely mistake), *error* (your exception, or your code ending its process), *right*, *cannot
+# run here* or *the check itself failed* (never a verdict on your answer); it never prints the answer. Your function
+# runs in a fresh worker process and is stopped after 30 s. `hint("11.1")` prints the next hint level each time you
+# call it and says when none is left; `hint("11.1", 2)` prints a given level.
 # <!-- ja -->
 # ## 練習問題
 #
-# 各練習問題には、本体が `raise NotImplementedError` だけの関数を含む**スターター**のセルがあります。その行を自分のコードに置き換えてセルを実行し、すぐ下のチェックのセルを実行してください。チェックの結果は「未着手」、「不正解」（最初の違いと、ありがちな間違いに合わせたヒント）、「エラー」（発生した例外）、「正解」のどれかで、答えそのものは表示しません。`hint("11.1")` は呼ぶたびに次の段階のヒントを、`hint("11.1", 2)` は指定した段階のヒントを表示します。
+# 各練習問題には、本体が `raise NotImplementedError` だけの関数を含む**スターター**のセルがあります。その行を自分のコードに置き換えてセルを実行し、すぐ下のチェックのセルを実行してください。チェックの結果は「未着手」、「不正解」（最初の違いと、ありがちな間違いに合わせたヒント 1つ）、「エラー」（発生した例外、またはコードがプロセスを終了させたこと）、「正解」、「この環境では実行できません」、「チェック自体の不具合」（あなたの答えの判定ではありません）のどれかで、答えそのものは表示しません。関数は新しいワーカープロセスで実行し、30秒で止めます。`hint("11.1")` は呼ぶたびに次の段階のヒントを表示し、もう残っていなければそう伝えます。`hint("11.1", 2)` は指定した段階のヒントを表示します。
 
 # %%
 from mparlib.exercises import check, hint
