@@ -140,6 +140,9 @@ def _workload():
     return net, X, y
 
 
+# 05.3 is judged in a copy of the kernel, not apart: the learner's measurement runs in the process whose state the
+# check's own measurements saw just before (warm, one thread). Judged apart, a cold fresh worker measured against
+# the warm kernel, and one full run on a loaded machine failed this exercise's planted-answer test.
 def _their_throughput(answer):
     """Where the learner's code runs: their measurement of the check's workload, on one thread as the check's."""
     torch.set_num_threads(1)
@@ -164,7 +167,7 @@ def measure_throughput(net, X, y, seconds=0.6):
 TOLERANCE = 3.0  # a learner's measurement within a factor of 3 of the check's counts as right
 
 
-@exercise("05.3", title=("This machine's throughput", "このマシンのスループット"), apart=True, hints=[
+@exercise("05.3", title=("This machine's throughput", "このマシンのスループット"), apart=False, hints=[
     ("Look at what `train` reports per epoch (images per second) and at `train_step`.",
      "`train` がエポックごとに報告する値（1秒あたりの画像数）と `train_step` を見てください。"),
     ("Run one step first (warm-up), then time several steps with time.perf_counter and divide the images they "
