@@ -69,6 +69,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/ddp_throughput.py
 	$(PY) benchmarks/train_throughput.py
 	$(PY) benchmarks/launch_start.py
+	$(PY) benchmarks/check_overhead.py
 	$(PY) benchmarks/collectives.py
 	$(PY) benchmarks/sharding.py
 	$(PY) benchmarks/pipeline.py
