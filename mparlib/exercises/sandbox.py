@@ -163,7 +163,7 @@ class _Echo:
     """Print what the worker writes to its output file, whole lines as they come, the rest at the end."""
 
     def __init__(self, path):
-        self.path, self.offset = path, 0
+        self.path, self.offset, self.last = path, 0, b"\n"
 
     def poll(self, everything=False):
         with contextlib.suppress(OSError), open(self.path, "rb") as f:
@@ -171,15 +171,10 @@ class _Echo:
             data = f.read()
             cut = len(data) if everything else data.rfind(b"\n") + 1
             if cut:
-                self.offset += cut
+                self.offset, self.last = self.offset + cut, data[cut - 1:cut]
                 print(data[:cut].decode("utf-8", errors="replace"), end="", flush=True)
-        if everything and self.offset and not self._ends_line():
+        if everything and self.last != b"\n":  # end the learner's last line, so the outcome starts on its own
             print()
-
-    def _ends_line(self):
-        with open(self.path, "rb") as f:
-            f.seek(self.offset - 1)
-            return f.read(1) == b"\n"
 
 
 def run_apart(driver, *args, **kwargs):
