@@ -8,6 +8,7 @@ so anything another local process could write there is never unpickled here, and
 writes its own worker module with the ``%%worker`` cell magic (:mod:`mparlib.workers`). Explained in 06_ddp.
 """
 import contextlib
+import contextvars
 import ctypes
 import errno
 import functools
@@ -20,6 +21,7 @@ import socket
 import stat
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from dataclasses import dataclass
@@ -281,14 +283,35 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_fork_server)
 
 
+_FORK_HERE = contextvars.ContextVar("mparlib_fork_here", default=False)
+
+
+@contextlib.contextmanager
+def _forking_here():
+    """Within this block, a launch from this process forks its ranks from it directly: for a process that is itself a
+    fresh copy of a fork server, has one thread and has not computed yet (an exercise's worker starting the ranks of
+    a check), where starting a fork server of its own would cost seconds for the same clean state."""
+    if sys.platform != "linux" or threading.active_count() != 1:
+        yield
+        return
+    token = _FORK_HERE.set(True)
+    try:
+        yield
+    finally:
+        _FORK_HERE.reset(token)
+
+
 def _start_method():
-    """``forkserver`` where the platform has it, else ``spawn``: see :func:`launch`.
+    """``forkserver`` where the platform has it, else ``spawn``: see :func:`launch` (``fork`` within
+    :func:`_forking_here`).
 
     The fork server is one process per launcher (a notebook's kernel), started at its first launch: a fresh
     interpreter that imports PyTorch and this module once and then forks a rank per request. A rank is then as clean
     as a spawned one (nothing of the launcher's state, CUDA never touched before it), without paying for ``import
     torch`` again on every launch. It ends with the launcher, and is replaced when a variable read at import has
     changed since it started (see ``_SERVER_ENVIRONMENT``)."""
+    if _FORK_HERE.get() and threading.active_count() == 1:
+        return "fork"
     if "forkserver" not in multiprocessing.get_all_start_methods():
         return "spawn"
     server, environment = forkserver._forkserver, _read_at_import()

@@ -259,15 +259,15 @@ def test_unknown_numbers_are_refused_with_the_format_to_use():
 
 # ---- Fresh processes ------------------------------------------------------------------------------------------
 @pytest.mark.slow
-def test_ranks_run_the_learners_function_beside_the_reference():
+def test_ranks_run_the_learners_function_and_give_back_each_ranks_value():
     import torch
 
     import exercise_workers as w
 
-    results = core.run_ranks(w.good_sum, 2, args=(torch.ones(3),), reference=w.reference_sum)
+    results = core.run_ranks(w.good_sum, 2, args=(torch.ones(3),))
     assert [r.rank for r in results] == [0, 1]
-    for r in results:
-        assert r.error is None and torch.equal(r.value, r.reference) and torch.equal(r.value, torch.full((3,), 3.0))
+    for r in results:  # x * 1 on rank 0 plus x * 2 on rank 1
+        assert r.error is None and torch.equal(r.value, torch.full((3,), 3.0))
 
 
 @pytest.mark.slow
@@ -499,6 +499,68 @@ def test_whatever_an_answer_returns_is_the_learners_outcome_never_a_failed_check
         for kind in BAD_RETURNS:
             outcome = check(number, returns(kind))
             assert outcome.status == "wrong", (number, kind, repr(outcome)[:400])
+
+
+BAD_WORKER = """
+import torch
+
+def none(*args, **kwargs):
+    return None
+
+def text(*args, **kwargs):
+    return "42"
+
+def nan(*args, **kwargs):
+    return float("nan")
+
+def integer(*args, **kwargs):
+    return 7
+
+def scalar(*args, **kwargs):
+    return torch.tensor(1.5)
+
+def short(*args, **kwargs):
+    return (1,)
+
+def other_shape(*args, **kwargs):
+    return torch.zeros(3, 5)
+
+def generator(*args, **kwargs):
+    return (i for i in range(3))
+"""
+# The distributed exercises whose check reads what the learner's function returns; the others (06.1, 06.3, 09.4)
+# read what it left in the model, the parameters or the file, and see an odd return as doing nothing.
+READS_RETURN = ("06.2", "08.1", "08.2", "10.1")
+
+
+@pytest.mark.slow
+def test_whatever_a_ranks_function_returns_is_the_learners_outcome_never_a_failed_check():
+    from mparlib.workers import write_worker
+
+    module = write_worker("ex_bad_returns", BAD_WORKER)
+    numbers = [n for n, ex in EXERCISES.items() if ex.needs == "processes"]
+    assert set(READS_RETURN) < set(numbers)
+    for number in numbers:
+        for kind in ("none", "text", "nan", "integer", "scalar", "short", "other_shape", "generator"):
+            outcome = check(number, getattr(module, kind))
+            assert outcome.status == "wrong", (number, kind, repr(outcome)[:400])
+            if number not in READS_RETURN:
+                break
+
+
+@pytest.mark.slow
+def test_a_distributed_check_keeps_its_expected_values_out_of_the_ranks_and_varies_the_world_size():
+    """Answers that fooled the checks when a rank computed the reference beside the learner's code, on 3 processes
+    only: one copies the whole batch's gradients from any model in reach, two divide by a hard-coded 3."""
+    import planted.ch06 as p6
+    import planted.ch09 as p9
+
+    for number, answer, key in (("06.1", p6.copy_from_the_check, "no_all_reduce"),
+                                ("06.1", p6.divide_by_three, "wrong_divisor"),
+                                ("09.4", p9.zero_step_over_three, "wrong_divisor")):
+        outcome = check(number, answer)
+        assert (outcome.status, outcome.hint_key) == ("wrong", key), (number, repr(outcome)[:400])
+    assert "With 2 processes" in check("06.1", p6.divide_by_three).message  # wrong where 3 would have passed
 
 
 @pytest.mark.slow

@@ -14,28 +14,31 @@ and the hint for the likely mistake), error (your exception and its traceback), 
 GPU), or "the check itself failed" (a fault of the check, with its traceback: never a verdict on your answer). It
 shows one hint: the likely mistake's, else level 1; the others come one at a time from ``hint``.
 
-An exercise on one process is judged apart (``exercise(..., apart=True)``): the check runs in the kernel, and your
-code in a new worker process that starts clean (forked from the fork server of :mod:`mparlib.launch`, which has
-imported PyTorch and nothing of the kernel) and sends back plain data only (:mod:`~mparlib.exercises.sandbox`).
-Nothing your code does there reaches the check's expected values or its verdict, and the worker, with everything
-it started, is ended at the exercise's time limit (30 s): an answer that loops forever, catches every exception or
-ignores signals becomes a wrong outcome, and the kernel stays usable. What your code prints is shown as it runs.
-An exercise on several processes runs its check in a copy of the kernel's process (a fork), which starts the ranks
-and is ended with them at its limit (240 s); off Linux, and in a kernel that has used CUDA, that check runs in the
-kernel itself, with no time limit.
+An exercise is judged apart (``exercise(..., apart=True)``): the check runs in the kernel, and your code in a new
+worker process that starts clean (forked from the fork server of :mod:`mparlib.launch`, which has imported PyTorch
+and nothing of the kernel) and sends back plain data only (:mod:`~mparlib.exercises.sandbox`). Nothing your code
+does there reaches the check's expected values or its verdict, and the worker, with everything it started, is ended
+at the exercise's time limit (30 s; 240 s for a distributed one): an answer that loops forever, catches every
+exception or ignores signals becomes a wrong outcome, and the kernel stays usable. What your code prints is shown as
+it runs (rank 0's, for a distributed one). A distributed exercise's ranks are forked from that worker, on 2 and then 3
+processes (2 and 4 for 10.1), so a hard-coded world size is wrong; the check computes the expected values itself,
+never in a rank. One exercise, 05.3 (a throughput measured against the check's own), still runs its check in a copy
+of the kernel's process (a fork), ended at its limit; off Linux, and in a kernel that has used CUDA, that check runs
+in the kernel itself, with no time limit.
 
 Importing this package in a notebook also registers the ``%%worker`` cell magic (as ``%load_ext mparlib.launch``
 does), so that the Exercises section of a chapter works in a kernel that was just restarted.
 
 For authors of a chapter's checks (module ``mparlib/exercises/chNN.py``, found from the number alone)::
 
-    from .core import exercise, call, right, wrong, first_mismatch, mismatch_text, run_ranks
+    from .core import exercise, call, right, wrong, first_mismatch, mismatch_text
+    from .ch06 import run_children
 
     @exercise("08.2", hints=[(en, ja), (en, ja), (en, ja)], mistakes={"no_division": (en, ja)},
-              needs="processes", title=(en, ja))
-    def check_08_2(answer, nproc=2):
+              needs="processes", apart=True, title=(en, ja))
+    def check_08_2(answer):
         got = call(answer, x)                     # one process: the learner's errors end the check for you
-        ranks = run_ranks(answer, nproc, args=(...,), reference=module_level_fn)   # fresh processes
+        runs = run_children(answer, child, [(2, args), (3, args)])   # fresh processes: each rank's value
         ...
         return wrong(mismatch_text("rank 1's result", mm), "no_division")   # or right(), cannot_run(...)
 
@@ -48,7 +51,10 @@ formula exercises checked at many points, ``first_mismatch(got, expected, rtol, 
 mismatch)``, ``ratio(got, expected)``, ``close_enough``, ``show_call``, ``not_attempted()``, ``learner_error(exc)``,
 ``is_starter(fn)``, ``Stop(outcome)`` (raise it to end a check with that outcome), ``registered()``, ``lookup()``.
 
-``run_ranks`` returns one ``RankResult(rank, value, error, reference)`` per rank; a hang ends the check within
+``run_children`` (in ``ch06``) runs a module-level ``child(module, name, *args)`` of the check's module on every
+rank, which imports the learner's function, calls it on inputs it builds, and returns what the learner's code gave
+or left (never an expected value: the learner's code shares its process); the check compares in the kernel. Under
+it, ``run_ranks`` returns one ``RankResult(rank, value, error)`` per rank; a hang ends the check within
 ``timeout`` (a collective's limit, 20 s) with a wrong outcome naming the waiting rank (mistake key ``"hang"``);
 code still running at ``limit`` (45 s) is told to stop, and every rank is killed ``MARGIN`` (10 s) later (key
 ``"stuck"``). ``exercise(..., limit=s)`` sets the whole check's limit (default ``core.LIMITS`` by ``needs``).

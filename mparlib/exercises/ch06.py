@@ -1,10 +1,13 @@
 """Checks of chapter 06's exercises: DDP's gradient average by hand, the sampler's epochs, rank 0's checkpoint.
 
-Every check runs the learner's worker on fresh gloo processes through :func:`run_child`: a function of this
-module (the "child") prepares the inputs on each rank, calls the learner's function, and returns what the parent
-compares. The child's own failures come back as a :class:`CheckFault`, so that a bug of the check is never taken
-for a wrong answer. Chapters 08-10 use the same helpers. Explained in 06_ddp.
+Every check runs the learner's worker on fresh gloo processes through :func:`run_children`, with 2 and then 3
+processes: a function of this module (the "child") prepares the inputs on each rank, calls the learner's function,
+and returns what the learner's code gave or left. The check, in the kernel, computes the expected values itself (a
+child never holds them: the learner's code runs in its process) and compares. The child's own failures come back
+as a :class:`CheckFault`, so that a bug of the check is never taken for a wrong answer. Chapters 08-10 use the same
+helpers. Explained in 06_ddp.
 """
+import contextlib
 import importlib
 import os
 import tempfile
@@ -16,7 +19,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from .. import launch
 from ..lang import tr
+from . import sandbox
 from .core import Stop, exercise, first_mismatch, importable, is_starter, mismatch_text, not_attempted, right, \
     run_ranks, wrong
 
@@ -42,14 +47,40 @@ def run_child(answer, child, nproc, args=(), kwargs=None, timeout=20, limit=45):
     """Run ``child(module, name, *args, **kwargs)`` on ``nproc`` fresh processes, where ``module.name`` is the
     learner's ``answer``; return each rank's value (raise if the check's own child failed). For check authors: see the
     package docstring."""
+    return run_children(answer, child, [(nproc, tuple(args))], kwargs, timeout, limit)[0]
+
+
+def run_children(answer, child, runs, kwargs=None, timeout=20, limit=45):
+    """:func:`run_child` once per ``(nproc, args)`` of ``runs``, one run after the other (e.g. 2 and then 3
+    processes, so that a hard-coded world size is wrong); a list of each run's rank values.
+
+    Judged apart, the runs start from one clean worker, which sends back the ranks' values as plain data: the check
+    in the kernel holds the expected values, which a child never computes (the learner's code shares its process).
+    For check authors: see the package docstring."""
     if is_starter(answer):
         raise Stop(not_attempted())
     module, name = importable(answer)
-    results = run_ranks(child, nproc, args=(module, name, *args), kwargs=kwargs, timeout=timeout, limit=limit)
-    faults = [r.value.trace for r in results if isinstance(r.value, CheckFault)]
-    if faults:
-        raise RuntimeError("the check's own code failed in a rank:\n" + faults[0])
-    return [r.value for r in results]
+    runs = [(int(n), tuple(a)) for n, a in runs]
+    if sandbox.apart():
+        return sandbox.run_apart(ranks_in_worker, module, name, child, runs, kwargs, timeout, limit, True)
+    return ranks_in_worker(module, name, child, runs, kwargs, timeout, limit)
+
+
+def ranks_in_worker(module, name, child, runs, kwargs, timeout, limit, fork=False):
+    """The runs of :func:`run_children` where the learner's code runs; each rank's value with its parts that are
+    not plain data marked. ``fork``: in a check's clean worker, whose ranks are forked from it (a copy of the fork
+    server that has not computed: as clean, without starting a fork server of its own). For check authors: see the
+    package docstring."""
+    out = []
+    for nproc, args in runs:
+        with launch._forking_here() if fork else contextlib.nullcontext():
+            results = run_ranks(child, nproc, args=(module, name, *args), kwargs=kwargs, timeout=timeout,
+                                limit=limit)
+        faults = [r.value.trace for r in results if isinstance(r.value, CheckFault)]
+        if faults:
+            raise RuntimeError("the check's own code failed in a rank:\n" + faults[0])
+        out.append([sandbox.plain_parts(r.value) for r in results])
+    return out
 
 
 def fault():
@@ -66,10 +97,11 @@ def close(got, expected, rtol=1e-5, atol=1e-6):
 
 # ---- 06.1: the gradient average by hand -------------------------------------------------------------------------
 def grad_model(seed):
-    """A small network with a frozen bias, the same on every rank for ``seed``. For check authors: see the package
-    docstring."""
-    torch.manual_seed(seed)
-    model = nn.Sequential(nn.Linear(6, 5), nn.Tanh(), nn.Linear(5, 3)).double()
+    """A small network with a frozen bias, the same on every rank for ``seed`` (the caller's generator untouched).
+    For check authors: see the package docstring."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = nn.Sequential(nn.Linear(6, 5), nn.Tanh(), nn.Linear(5, 3)).double()
     model[0].bias.requires_grad_(False)  # a frozen parameter: it has no gradient
     return model
 
@@ -79,6 +111,18 @@ def grads_of(model):
     return {k: None if p.grad is None else p.grad.detach().clone() for k, p in model.named_parameters()}
 
 
+def batch_grads(seed, world, per_rank, share=None):
+    """The gradients of :func:`grad_model` on the batch of a run on ``world`` ranks, or on rank ``share``'s part of
+    it. For check authors: see the package docstring."""
+    g = torch.Generator().manual_seed(seed + 1)
+    x = torch.randn(world * per_rank, 6, generator=g, dtype=torch.float64)
+    y = torch.randint(0, 3, (world * per_rank,), generator=g)
+    part = slice(None) if share is None else slice(share * per_rank, (share + 1) * per_rank)
+    model = grad_model(seed)
+    nn.functional.cross_entropy(model(x[part]), y[part]).backward()
+    return model
+
+
 def average_child(module, name, seed=0, per_rank=4):
     """Rank r's share of a batch, backward, the learner's averaging; returns the gradients. For check authors: see the
     package docstring."""
@@ -86,23 +130,14 @@ def average_child(module, name, seed=0, per_rank=4):
 
     fn = learner_function(module, name)
     try:
-        rank, world = dist.get_rank(), dist.get_world_size()
-        g = torch.Generator().manual_seed(seed + 1)
-        x = torch.randn(world * per_rank, 6, generator=g, dtype=torch.float64)
-        y = torch.randint(0, 3, (world * per_rank,), generator=g)
-        whole = grad_model(seed)
-        nn.functional.cross_entropy(whole(x), y).backward()  # one process on the whole batch: the reference
-        model = grad_model(seed)
-        share = slice(rank * per_rank, (rank + 1) * per_rank)
-        nn.functional.cross_entropy(model(x[share]), y[share]).backward()
-        local = grads_of(model)
+        model = batch_grads(seed, dist.get_world_size(), per_rank, share=dist.get_rank())
     except Exception:
         return fault()
     fn(model)
-    return {"got": grads_of(model), "expected": grads_of(whole), "local": local, "world": world}
+    return {"got": grads_of(model)}
 
 
-@exercise("06.1", title=("The gradient average by hand", "手で求める勾配の平均"), needs="processes", hints=[
+@exercise("06.1", title=("The gradient average by hand", "手で求める勾配の平均"), needs="processes", apart=True, hints=[
     ("Look at the formula of the section 'Two halves equal one whole': what does DDP do to every gradient during "
      "the backward pass?",
      "「半分ずつの計算と全体の計算の一致」の節の式を見てください。DDP は逆伝播の最中に各勾配に何をしているでしょうか。"),
@@ -116,10 +151,11 @@ def average_child(module, name, seed=0, per_rank=4):
      "world size を使った演算をもう 1つ、その場で行います。"),
 ], mistakes={
     "missing_division": ("Each gradient is the world size times too large: the all-reduce sums, and DDP averages. "
-                         "Divide by dist.get_world_size() (not by a fixed 2: the check runs 3 processes).",
+                         "Divide by dist.get_world_size() (not by a fixed number: the check runs 2 and then 3 "
+                         "processes).",
                          "勾配がワールドサイズ倍になっています。オールリデュースは合計し、DDP は平均します。"
-                         "dist.get_world_size() で割ってください（固定の 2 ではありません。チェックは 3個のプロセスで"
-                         "動きます）。"),
+                         "dist.get_world_size() で割ってください（固定の数ではありません。チェックは 2個、次に 3個の"
+                         "プロセスで動きます）。"),
     "no_all_reduce": ("The gradients are still each rank's own: nothing was exchanged between the processes. Use "
                       "dist.all_reduce on every gradient, in place.",
                       "勾配が各ランク自身のままで、プロセス間で何もやり取りされていません。すべての勾配に "
@@ -127,32 +163,43 @@ def average_child(module, name, seed=0, per_rank=4):
     "wrong_divisor": ("The gradients are averaged, but by the wrong number: divide by dist.get_world_size().",
                       "勾配は平均されていますが、割る数が違います。dist.get_world_size() で割ってください。"),
 })
-def check_06_1(answer, nproc=3):
-    """Compare every rank's averaged gradients with one process's gradients on the whole batch. Explained in
-    06_ddp."""
-    for rank, v in enumerate(run_child(answer, average_child, nproc)):
-        for key, expected in v["expected"].items():
-            got = v["got"][key]
-            if expected is None:
-                continue
-            where = tr(f"rank {rank}'s gradient of {key}", f"ランク {rank} の {key} の勾配")
-            if not isinstance(got, torch.Tensor):
-                return wrong(tr(f"{where} is {got!r} after your function.", f"関数のあとの{where}が {got!r} です。"),
-                             "no_all_reduce")
-            if close(got, expected):
-                continue
-            world = v["world"]
-            if close(got, world * expected):
-                return wrong(mismatch_text(where, first_mismatch(got, expected)), "missing_division")
-            if close(got, v["local"][key]):
-                return wrong(mismatch_text(where, first_mismatch(got, expected)), "no_all_reduce")
-            if any(close(got, world * expected / d) for d in (1, 2, 4) if d != world):
-                return wrong(mismatch_text(where, first_mismatch(got, expected)), "wrong_divisor")
-            return wrong(mismatch_text(where, first_mismatch(got, expected)))
-    return right(tr(f"On {nproc} processes every gradient equals that of one process on the whole batch: what DDP "
-                    "computes.",
-                    f"{nproc}個のプロセスで、どの勾配も 1個のプロセスがミニバッチ全体で計算した勾配と一致しました。"
-                    "DDP が計算するものと同じです。"))
+def check_06_1(answer, sizes=(2, 3), seed=0, per_rank=4):
+    """Compare every rank's averaged gradients with one process's gradients on the whole batch, on 2 and then 3
+    processes. Explained in 06_ddp."""
+    runs = run_children(answer, average_child, [(world, (seed, per_rank)) for world in sizes])
+    for world, values in zip(sizes, runs):
+        expected = grads_of(batch_grads(seed, world, per_rank))
+        for rank, v in enumerate(values):
+            got_all = v["got"] if isinstance(v, dict) and isinstance(v.get("got"), dict) else {}
+            local = grads_of(batch_grads(seed, world, per_rank, share=rank))
+            for key, want in expected.items():
+                if want is None:
+                    continue
+                got = got_all.get(key)
+                where = tr(f"With {world} processes, rank {rank}'s gradient of {key}",
+                           f"プロセス {world}個のとき、ランク {rank} の {key} の勾配")
+                if not isinstance(got, torch.Tensor):
+                    return wrong(tr(f"{where} is {got!r} after your function.", f"関数のあとの{where}が {got!r} です。"),
+                                 "no_all_reduce")
+                if close(got, want):
+                    continue
+                return wrong(mismatch_text(where, first_mismatch(got, want)), average_key(got, want, local[key], world))
+    return right(tr(f"On {' and '.join(map(str, sizes))} processes every gradient equals that of one process on the "
+                    "whole batch: what DDP computes.",
+                    f"{'個と '.join(map(str, sizes))}個のプロセスで、どの勾配も 1個のプロセスがミニバッチ全体で計算した"
+                    "勾配と一致しました。DDP が計算するものと同じです。"))
+
+
+def average_key(got, expected, local, world):
+    """The likely mistake behind a wrong averaged gradient (a hint key or None). For check authors: see the package
+    docstring."""
+    if close(got, world * expected):
+        return "missing_division"
+    if close(got, local):
+        return "no_all_reduce"
+    if any(close(got, world * expected / d) for d in range(1, 9) if d != world):
+        return "wrong_divisor"
+    return None
 
 
 # ---- 06.2: the sampler's epochs ---------------------------------------------------------------------------------
@@ -170,37 +217,28 @@ def reference_shares(size, epochs, seed, rank, world, shuffle=True, set_epoch=Tr
 
 
 def sampler_child(module, name, size, epochs, seed):
-    """The learner's epochs of indices on this rank, with the references. For check authors: see the package
-    docstring."""
-    import torch.distributed as dist
-
-    fn = learner_function(module, name)
-    shares = fn(list(range(size)), epochs, seed=seed)
+    """The learner's epochs of indices on this rank, as lists of ints where they are. For check authors: see the
+    package docstring."""
+    shares = learner_function(module, name)(list(range(size)), epochs, seed=seed)
     try:
-        shares = [[int(i) for i in epoch] for epoch in shares]
-    except (TypeError, ValueError):
-        shares = repr(shares)[:200]
-    try:
-        rank, world = dist.get_rank(), dist.get_world_size()
-        return {"got": shares, "world": world,
-                "expected": reference_shares(size, epochs, seed, rank, world),
-                "no_set_epoch": reference_shares(size, epochs, seed, rank, world, set_epoch=False),
-                "no_shuffle": reference_shares(size, epochs, seed, rank, world, shuffle=False),
-                "seed_0": reference_shares(size, epochs, 0, rank, world)}
-    except Exception:
-        return fault()
+        return {"got": [[int(i) for i in epoch] for epoch in shares]}
+    except (TypeError, ValueError):  # not lists of indices: what came back, as text
+        return {"got": repr(shares)[:200]}
 
 
-def sampler_mistake(values, size):
+def sampler_mistake(values, size, epochs, seed):
     """The likely mistake behind wrong shares (a hint key) and the rank to name. For check authors: see the package
     docstring."""
+    world = len(values)
     for rank, v in enumerate(values):
-        if v["got"] != v["expected"]:
+        if v["got"] != reference_shares(size, epochs, seed, rank, world):
             break
     got = v["got"]
-    for key in ("no_set_epoch", "no_shuffle", "seed_0"):
-        if got == v[key]:
-            return rank, {"no_set_epoch": "forgot_set_epoch", "no_shuffle": "no_shuffle", "seed_0": "seed_ignored"}[key]
+    for key, kwargs in (("forgot_set_epoch", {"set_epoch": False}), ("no_shuffle", {"shuffle": False})):
+        if got == reference_shares(size, epochs, seed, rank, world, **kwargs):
+            return rank, key
+    if got == reference_shares(size, epochs, 0, rank, world):
+        return rank, "seed_ignored"
     if any(len(e) >= size for e in got):
         return rank, "not_split"
     first = set().union(*(set(w["got"][0]) for w in values if w["got"]))
@@ -209,7 +247,7 @@ def sampler_mistake(values, size):
     return rank, None
 
 
-@exercise("06.2", title=("A new order every epoch", "エポックごとに新しい順序"), needs="processes", hints=[
+@exercise("06.2", title=("A new order every epoch", "エポックごとに新しい順序"), needs="processes", apart=True, hints=[
     ("Look at the section 'The sampler: each process its own share, a new order every epoch' and its cell.",
      "「サンプラー: 各プロセスに専用の担当分、エポックごとに新しい順序」の節とそのセルを見てください。"),
     ("A DistributedSampler built inside a worker reads the rank and the world size from the process group. The "
@@ -238,30 +276,35 @@ def sampler_mistake(values, size):
                          "1エポックの各ランクの担当分がデータセット全体を覆っていません。ランクごとに違うシャッフルを"
                          "したため重なっています。すべてのランクで同じシードを使ってください。"),
 })
-def check_06_2(answer, nproc=3, size=10, epochs=3, seed=5):
-    """Compare each rank's shares with DistributedSampler's, epoch by epoch (10 examples on 3 ranks: padded).
-    Explained in 06_ddp."""
-    values = run_child(answer, sampler_child, nproc, args=(size, epochs, seed))
-    bad = [v for v in values if not isinstance(v["got"], list) or len(v["got"]) != epochs]
-    if bad:
-        return wrong(tr(f"Your function returned {bad[0]['got']!r}; it should return one list of indices per epoch "
-                        f"({epochs} lists).",
-                        f"関数の戻り値が {bad[0]['got']!r} です。エポックごとに 1つ、合わせて {epochs}個のインデックスの"
-                        "リストを返してください。"), "shape")
-    if all(v["got"] == v["expected"] for v in values):
-        return right(tr(f"{nproc} ranks, {size} examples, {epochs} epochs: the shares match DistributedSampler's, "
-                        "with a new order every epoch.",
-                        f"ランク {nproc}個、データ {size}個、{epochs}エポック: 担当分が DistributedSampler と一致し、"
-                        "エポックごとに順序が変わりました。"))
-    rank, key = sampler_mistake(values, size)
-    epoch = next(e for e, (a, b) in enumerate(zip(values[rank]["got"], values[rank]["expected"])) if a != b)
-    return wrong(tr(f"Rank {rank}'s share in epoch {epoch} is {values[rank]['got'][epoch]}, not the expected one.",
-                    f"ランク {rank} のエポック {epoch} の担当分が {values[rank]['got'][epoch]} で、期待されるものと"
-                    "違います。"), key)
+def check_06_2(answer, sizes=(2, 3), size=10, epochs=3, seed=5):
+    """Compare each rank's shares with DistributedSampler's, epoch by epoch, on 2 and then 3 ranks (10 examples on 3
+    ranks: padded). Explained in 06_ddp."""
+    runs = run_children(answer, sampler_child, [(world, (size, epochs, seed)) for world in sizes])
+    for world, values in zip(sizes, runs):
+        bad = [v["got"] for v in values if not (isinstance(v["got"], list) and len(v["got"]) == epochs)]
+        if bad:
+            said = bad[0] if isinstance(bad[0], str) else repr(bad[0])  # a str is the repr the child made
+            return wrong(tr(f"Your function returned {said}; it should return one list of indices per epoch "
+                            f"({epochs} lists).",
+                            f"関数の戻り値が {said} です。エポックごとに 1つ、合わせて {epochs}個のインデックスの"
+                            "リストを返してください。"), "shape")
+        if all(v["got"] == reference_shares(size, epochs, seed, rank, world) for rank, v in enumerate(values)):
+            continue
+        rank, key = sampler_mistake(values, size, epochs, seed)
+        expected = reference_shares(size, epochs, seed, rank, world)
+        epoch = next(e for e, (a, b) in enumerate(zip(values[rank]["got"], expected)) if a != b)
+        return wrong(tr(f"With {world} ranks, rank {rank}'s share in epoch {epoch} is {values[rank]['got'][epoch]}, "
+                        "not the expected one.",
+                        f"ランク {world}個のとき、ランク {rank} のエポック {epoch} の担当分が "
+                        f"{values[rank]['got'][epoch]} で、期待されるものと違います。"), key)
+    return right(tr(f"On {' and '.join(map(str, sizes))} ranks, {size} examples, {epochs} epochs: the shares match "
+                    "DistributedSampler's, with a new order every epoch.",
+                    f"ランク {'個と '.join(map(str, sizes))}個、データ {size}個、{epochs}エポック: 担当分が "
+                    "DistributedSampler と一致し、エポックごとに順序が変わりました。"))
 
 
 # ---- 06.3: rank 0's checkpoint -------------------------------------------------------------------------------------
-def save_child(module, name, folder, delay=4.0):
+def save_child(module, name, folder, delay=1.5):
     """The learner saves a DDP model's checkpoint; torch.save is watched, and on rank 0 it waits until the other
     ranks have returned (or ``delay`` seconds, when they wait for it as they should). For check authors: see the package
     docstring."""
@@ -271,8 +314,7 @@ def save_child(module, name, folder, delay=4.0):
     fn = learner_function(module, name)
     try:
         rank, world = dist.get_rank(), dist.get_world_size()
-        torch.manual_seed(0)
-        model = DDP(nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2)))
+        model = DDP(save_model())
         path = str(Path(folder) / "checkpoint.pt")
         saves, real_save = [], torch.save
 
@@ -292,19 +334,25 @@ def save_child(module, name, folder, delay=4.0):
             Path(folder, f"returned-{rank}").touch()  # lets rank 0's slow save go on
     finally:
         torch.save = real_save
-    try:
-        dist.barrier()  # the check's own wait, so that every rank can read what rank 0 wrote
-        saved = torch.load(path, weights_only=True) if os.path.exists(path) else None
-        keys = sorted(saved) if isinstance(saved, dict) else None
-        expected = model.module.state_dict()
-        same = keys is not None and all(isinstance(saved.get(k), torch.Tensor) and torch.equal(saved[k], v)
-                                        for k, v in expected.items())
-        return {"saves": saves, "there": there, "keys": keys, "same": same, "path": path}
-    except Exception:
-        return fault()
+    dist.barrier()  # the check's own wait, so that rank 0 reads the file once every rank has returned
+    saved = None
+    if rank == 0 and os.path.exists(path):
+        try:
+            saved = torch.load(path, weights_only=True)
+        except Exception as e:  # not plain tensors, or a broken file: the check says which
+            saved = f"{type(e).__name__}: {str(e)[:200]}"
+    return {"saves": saves, "there": there, "saved": saved, "path": path}
 
 
-@exercise("06.3", title=("Rank 0's checkpoint", "ランク 0 のチェックポイント"), needs="processes", hints=[
+def save_model():
+    """The model whose checkpoint 06.3 asks for, the same in every process (the caller's generator untouched).
+    For check authors: see the package docstring."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2))
+
+
+@exercise("06.3", title=("Rank 0's checkpoint", "ランク 0 のチェックポイント"), needs="processes", apart=True, hints=[
     ("Look at the section 'The chapter-5 experiment with 2 processes, a crash, and a resume': who writes the "
      "checkpoint, and how?",
      "「5章の実験を 2個のプロセスで: 障害と再開」の節を見てください。チェックポイントを書くのは誰で、どう書くでしょうか。"),
@@ -336,32 +384,51 @@ def save_child(module, name, folder, delay=4.0):
     "no_file": ("After your function no checkpoint exists at the path it was given.",
                 "関数のあと、渡したパスにチェックポイントがありません。"),
 })
-def check_06_3(answer, nproc=2):
-    """Run the learner's save on 2 ranks with a slow rank-0 disk; check who saved, the wait, names and atomicity.
-    Explained in 06_ddp."""
+def check_06_3(answer, sizes=(2, 3)):
+    """Run the learner's save on 2 and then 3 ranks with a slow rank-0 disk; check who saved, the wait, what was
+    saved and atomicity. Explained in 06_ddp."""
     with tempfile.TemporaryDirectory(prefix="mparlib-check-06-") as folder:
-        values = run_child(answer, save_child, nproc, args=(folder,))
+        for world in sizes:
+            Path(folder, str(world)).mkdir()
+        runs = run_children(answer, save_child, [(world, (str(Path(folder, str(world))),)) for world in sizes])
+    for world, values in zip(sizes, runs):
+        outcome = save_outcome(values, world)
+        if outcome is not None:
+            return outcome
+    return right(tr(f"On {' and '.join(map(str, sizes))} ranks, rank 0 alone wrote the checkpoint, atomically, "
+                    "without 'module.', and every rank waited for it.",
+                    f"ランク {'個と '.join(map(str, sizes))}個のどちらでも、ランク 0 だけがチェックポイントをアトミックに、"
+                    "'module.' なしで書き、すべてのランクがそれを待ちました。"))
+
+
+def save_outcome(values, world):
+    """The wrong outcome of one run of 06.3 on ``world`` ranks, or None when it was right. For check authors: see the
+    package docstring."""
+    where = tr(f"With {world} ranks: ", f"ランク {world}個のとき: ")
     savers = [rank for rank, v in enumerate(values) if v["saves"]]
     if any(rank != 0 for rank in savers):
-        return wrong(tr(f"Ranks {savers} called torch.save.", f"ランク {savers} が torch.save を呼びました。"),
+        return wrong(where + tr(f"ranks {savers} called torch.save.", f"ランク {savers} が torch.save を呼びました。"),
                      "every_rank_saves")
-    if values[0]["keys"] is None:
-        return wrong(tr("No checkpoint file was written.", "チェックポイントのファイルが書かれていません。"),
+    saved, expected = values[0]["saved"], save_model().state_dict()
+    if saved is None:
+        return wrong(where + tr("no checkpoint file was written.", "チェックポイントのファイルが書かれていません。"),
                      "no_file")
     late = [rank for rank, v in enumerate(values) if not v["there"]]
     if late:
-        return wrong(tr(f"When your function returned on rank {late[0]}, the checkpoint did not exist yet.",
-                        f"ランク {late[0]} で関数が戻ったとき、チェックポイントはまだありませんでした。"),
+        return wrong(where + tr(f"when your function returned on rank {late[0]}, the checkpoint did not exist yet.",
+                                f"ランク {late[0]} で関数が戻ったとき、チェックポイントはまだありませんでした。"),
                      "missing_barrier")
-    if any(k.startswith("module.") for k in values[0]["keys"]):
-        return wrong(tr(f"The checkpoint's names are {values[0]['keys']}.",
-                        f"チェックポイントの名前が {values[0]['keys']} です。"), "module_prefix")
-    if not values[0]["same"]:
-        return wrong(tr(f"The checkpoint holds {values[0]['keys']}, which are not the model's parameters.",
-                        f"チェックポイントの中身 {values[0]['keys']} がモデルのパラメータと違います。"))
+    keys = sorted(saved, key=repr) if isinstance(saved, dict) else None
+    if keys is None:
+        return wrong(where + tr(f"the checkpoint cannot be read as a dict of tensors ({saved!r}).",
+                                f"チェックポイントをテンソルの dict として読めません（{saved!r}）。"))
+    if any(isinstance(k, str) and k.startswith("module.") for k in keys):
+        return wrong(where + tr(f"the checkpoint's names are {keys}.", f"チェックポイントの名前が {keys} です。"),
+                     "module_prefix")
+    if keys != sorted(expected) or not all(close(saved[k], v, 0, 0) for k, v in expected.items()):
+        return wrong(where + tr(f"the checkpoint holds {keys}, which are not the model's parameters.",
+                                f"チェックポイントの中身 {keys} がモデルのパラメータと違います。"))
     if values[0]["path"] in values[0]["saves"]:
-        return wrong(tr("Rank 0's torch.save wrote the final path directly.",
-                        "ランク 0 の torch.save が最終的なパスに直接書きました。"), "not_atomic")
-    return right(tr("Rank 0 alone wrote the checkpoint, atomically, without 'module.', and every rank waited for it.",
-                    "ランク 0 だけがチェックポイントをアトミックに、'module.' なしで書き、すべてのランクがそれを"
-                    "待ちました。"))
+        return wrong(where + tr("rank 0's torch.save wrote the final path directly.",
+                                "ランク 0 の torch.save が最終的なパスに直接書きました。"), "not_atomic")
+    return None

@@ -1,7 +1,8 @@
 """Checks of chapter 08's exercises: an all-gather and a ring reduce-scatter from sends and receives, the ring's
 alpha-beta time, DDP's gradient buckets.
 
-The two distributed checks run on 3 fresh gloo processes with uneven sizes; they watch the collectives of
+The two distributed checks run on 2 and then 3 fresh gloo processes with uneven sizes (the expected tensors are
+computed here, in the check, never in a rank); they watch the collectives of
 ``torch.distributed`` while the learner's code runs (they still work, and are reported: the exercise asks for
 sends and receives). The bucket check compares with DDP's own assignment. Explained in 08_collectives.
 """
@@ -11,8 +12,8 @@ import torch
 
 from ..collectives import chunk_bounds
 from ..lang import tr
-from .ch06 import close, fault, learner_function, run_child
-from .core import call, call_each, exercise, first_mismatch, mismatch_text, right, wrong
+from .ch06 import close, fault, learner_function, run_children
+from .core import call, call_each, exercise, first_mismatch, mismatch_text, right, type_name, wrong
 from .ch07 import near
 
 COLLECTIVES = ("all_reduce", "all_gather", "all_gather_object", "all_gather_into_tensor", "all_gather_single",
@@ -65,15 +66,13 @@ def gather_child(module, name, sizes):
     except Exception:
         return fault()
     got, used = watched_call(fn, mine.clone(), list(sizes))
-    try:
+    if isinstance(got, (list, tuple)):
         got = [t.detach().clone() if isinstance(t, torch.Tensor) else t for t in got]
-    except TypeError:
-        pass
     return {"got": got, "used": used}
 
 
 @exercise("08.1", title=("An all-gather from sends and receives", "送信と受信で作るオールギャザー"),
-          needs="processes", hints=[
+          needs="processes", apart=True, hints=[
     ("Look at the sections 'The vocabulary' (what all_gather leaves on every rank) and 'A ring all-reduce from "
      "sends and receives' (how two ranks exchange without waiting for each other).",
      "「通信の基本操作」の節（all_gather が各ランクに何を残すか）と「送信と受信で作るリング・オールリデュース」の節"
@@ -97,39 +96,51 @@ def gather_child(module, name, sizes):
                  "there.",
                  "他のランクのテンソルは正しいのですが、自分の位置が違います。そこには自分のテンソルを置きます。"),
 })
-def check_08_1(answer, sizes=(2, 5, 3)):
-    """Compare each rank's list with the tensors every rank holds (uneven sizes, 3 ranks). Explained in
-    08_collectives."""
-    values = run_child(answer, gather_child, len(sizes), args=(tuple(sizes),))
+def check_08_1(answer, layouts=((4, 1), (2, 5, 3))):
+    """Compare each rank's list with the tensors every rank holds: uneven sizes, on 2 and then 3 ranks (one size per
+    rank). Explained in 08_collectives."""
+    runs = run_children(answer, gather_child, [(len(sizes), (tuple(sizes),)) for sizes in layouts])
+    for sizes, values in zip(layouts, runs):
+        outcome = gather_outcome(values, sizes)
+        if outcome is not None:
+            return outcome
+    used = sorted({name for values in runs for v in values for name in v["used"]})
+    if used:
+        return wrong(tr(f"The result is right, but your code called {used}.",
+                        f"結果は正しいのですが、コードが {used} を呼んでいます。"), "used_collective")
+    shown = " and ".join(str(list(sizes)) for sizes in layouts)
+    return right(tr(f"On {' and '.join(str(len(s)) for s in layouts)} ranks with sizes {shown}, every rank holds "
+                    "every tensor in rank order, from sends and receives alone.",
+                    f"ランク {'個と '.join(str(len(s)) for s in layouts)}個（大きさ {'、'.join(str(list(s)) for s in layouts)}）"
+                    "のどちらでも、どのランクもすべてのテンソルをランクの順に持ちました。送信と受信だけで作れています。"))
+
+
+def gather_outcome(values, sizes):
+    """The wrong outcome of one run of 08.1 (one size per rank), or None when every rank's list is right.
+    For check authors: see the package docstring."""
     expected = [rank_input(r, n) for r, n in enumerate(sizes)]
     for rank, v in enumerate(values):
         got = v["got"]
         if not isinstance(got, (list, tuple)) or len(got) != len(sizes):
-            return wrong(tr(f"Rank {rank} returned {type(got).__name__}; return a list of {len(sizes)} tensors, one "
-                            "per rank.",
-                            f"ランク {rank} の戻り値が {type(got).__name__} です。ランクごとに 1つ、{len(sizes)}個の"
-                            "テンソルのリストを返してください。"), "shape")
+            return wrong(tr(f"With {len(sizes)} ranks, rank {rank} returned {type_name(got)}; return a list of "
+                            f"{len(sizes)} tensors, one per rank.",
+                            f"ランク {len(sizes)}個のとき、ランク {rank} の戻り値が {type_name(got)} です。ランクごとに"
+                            f" 1つ、{len(sizes)}個のテンソルのリストを返してください。"), "shape")
         for r, (g, e) in enumerate(zip(got, expected)):
             if close(g, e):
                 continue
-            where = tr(f"Rank {rank}'s entry {r}", f"ランク {rank} の {r} 番目の要素")
-            others = [close(x, e2) for x, e2 in zip(got, expected) if x is not got[rank]]
+            where = tr(f"With {len(sizes)} ranks, rank {rank}'s entry {r}",
+                       f"ランク {len(sizes)}個のとき、ランク {rank} の {r} 番目の要素")
+            others = [close(x, e2) for i, (x, e2) in enumerate(zip(got, expected)) if i != rank]
             if r == rank and all(others):
                 key = "own_slot"
-            elif sorted(map(repr, (x.tolist() for x in got if isinstance(x, torch.Tensor)))) == \
+            elif sorted(repr(x.tolist()) for x in got if isinstance(x, torch.Tensor)) == \
                     sorted(repr(x.tolist()) for x in expected):
                 key = "rank_order"
             else:
                 key = None
             return wrong(mismatch_text(where, first_mismatch(g, e)), key)
-    used = sorted({name for v in values for name in v["used"]})
-    if used:
-        return wrong(tr(f"The result is right, but your code called {used}.",
-                        f"結果は正しいのですが、コードが {used} を呼んでいます。"), "used_collective")
-    return right(tr(f"On {len(sizes)} ranks with sizes {list(sizes)}, every rank holds every tensor in rank order, "
-                    "from sends and receives alone.",
-                    f"大きさ {list(sizes)} の {len(sizes)}ランクで、どのランクもすべてのテンソルをランクの順に持ち"
-                    "ました。送信と受信だけで作れています。"))
+    return None
 
 
 # ---- 08.2: the ring's reduce-scatter -------------------------------------------------------------------------------
@@ -183,7 +194,7 @@ def scatter_key(got, n, rank, k):
     return None
 
 
-@exercise("08.2", title=("The ring's reduce-scatter", "リングのリデュース・スキャッター"), needs="processes", hints=[
+@exercise("08.2", title=("The ring's reduce-scatter", "リングのリデュース・スキャッター"), needs="processes", apart=True, hints=[
     ("Look at the section 'A ring all-reduce from sends and receives': its first phase is a reduce-scatter, and "
      "`mparlib.collectives.ring_schedule` lists which chunk each rank sends and receives at each step.",
      "「送信と受信で作るリング・オールリデュース」の節を見てください。その前半がリデュース・スキャッターで、"
@@ -220,30 +231,33 @@ def scatter_key(got, n, rank, k):
                      "合計したテンソル全体を返しています。リデュース・スキャッターが各ランクに残すのは自分のチャンク "
                      "（chunk_bounds(n, k)[rank]）だけです。"),
 })
-def check_08_2(answer, nproc=3, sizes=(10, 2)):
-    """Compare each rank's chunk with the sum over ranks (10 elements, then 2 on 3 ranks: an empty chunk).
-    Explained in 08_collectives."""
+def check_08_2(answer, runs=((2, (7, 1)), (3, (10, 2)))):
+    """Compare each rank's chunk with the sum over ranks: 7 and then 1 element on 2 ranks, 10 and then 2 on 3 ranks
+    (an empty chunk in each). Explained in 08_collectives."""
     if calls_chapter(answer, CHAPTER_RING, "mparlib.collectives"):
         return wrong(tr("The answer calls the chapter's ring instead of sending chunks itself.",
                         "答えは自分でチャンクを送らず、章のリングを呼んでいます。"), "chapter_function")
-    values = run_child(answer, scatter_child, nproc, args=(tuple(sizes),))
-    for case, n in enumerate(sizes):
-        whole = sum(rank_input(r, n) for r in range(nproc))
-        for rank, v in enumerate(values):
-            got = v[case]["got"]
-            start, stop = chunk_bounds(n, nproc)[rank]
-            if close(got.reshape(-1) if isinstance(got, torch.Tensor) else got, whole[start:stop]):
-                continue
-            where = tr(f"With {n} elements, rank {rank}'s chunk", f"要素 {n}個のとき、ランク {rank} のチャンク")
-            key = scatter_key(got.reshape(-1), n, rank, nproc) if isinstance(got, torch.Tensor) else "shape"
-            return wrong(mismatch_text(where, first_mismatch(got, whole[start:stop])), key)
-    used = sorted({name for v in values for case in v for name in case["used"]})
+    results = run_children(answer, scatter_child, [(nproc, (tuple(sizes),)) for nproc, sizes in runs])
+    for (nproc, sizes), values in zip(runs, results):
+        for case, n in enumerate(sizes):
+            whole = sum(rank_input(r, n) for r in range(nproc))
+            for rank, v in enumerate(values):
+                got = v[case]["got"]
+                start, stop = chunk_bounds(n, nproc)[rank]
+                if close(got.reshape(-1) if isinstance(got, torch.Tensor) else got, whole[start:stop]):
+                    continue
+                where = tr(f"With {n} elements on {nproc} ranks, rank {rank}'s chunk",
+                           f"要素 {n}個、ランク {nproc}個のとき、ランク {rank} のチャンク")
+                key = scatter_key(got.reshape(-1), n, rank, nproc) if isinstance(got, torch.Tensor) else "shape"
+                return wrong(mismatch_text(where, first_mismatch(got, whole[start:stop])), key)
+    used = sorted({name for values in results for v in values for case in v for name in case["used"]})
     if used:
         return wrong(tr(f"The chunks are right, but your code called {used}.",
                         f"チャンクは正しいのですが、コードが {used} を呼んでいます。"), "used_collective")
-    return right(tr(f"On {nproc} ranks, each holds the summed chunk of its rank, for {list(sizes)} elements.",
-                    f"{nproc}ランクで、要素 {list(sizes)}個のどちらでも、各ランクに自分の番号のチャンクの合計が"
-                    "残りました。"))
+    said = " and ".join(f"{list(sizes)} elements on {nproc} ranks" for nproc, sizes in runs)
+    said_ja = "、".join(f"ランク {nproc}個で要素 {list(sizes)}個" for nproc, sizes in runs)
+    return right(tr(f"Each rank holds the summed chunk of its rank, for {said}.",
+                    f"{said_ja}のどの場合も、各ランクに自分の番号のチャンクの合計が残りました。"))
 
 
 # ---- 08.3: the ring's alpha-beta time ----------------------------------------------------------------------------

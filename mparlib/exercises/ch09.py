@@ -1,8 +1,9 @@
 """Checks of chapter 09's exercises: ZeRO's bytes per rank, a flat parameter's shards and back, a ZeRO step.
 
 The byte count is checked at random points against the chapter's own arithmetic (``mparlib.sharding``); the
-shards by their properties (equal sizes, zero padding, concatenation to the whole); the ZeRO step on 3 fresh gloo
-processes against one process's SGD step on the whole batch, for a model whose size does not divide by 3.
+shards by their properties (equal sizes, zero padding, concatenation to the whole); the ZeRO step on 2 and then 3
+fresh gloo processes against one process's SGD steps on the whole batch (computed here, never in a rank), for a
+model whose size does not divide by 3.
 Explained in 09_sharding.
 """
 import math
@@ -13,7 +14,7 @@ from torch import nn
 
 from ..lang import tr
 from ..sharding import PRECISIONS, STATES_PER_PARAMETER, bytes_per_parameter, zero_bytes_per_rank
-from .ch06 import close, fault, learner_function, run_child
+from .ch06 import close, fault, learner_function, run_children
 from .ch07 import near
 from .core import call, call_each, exercise, first_mismatch, mismatch_text, right, wrong
 
@@ -194,62 +195,85 @@ def check_09_3(answer):
 
 # ---- 09.4: a ZeRO step -------------------------------------------------------------------------------------------
 def zero_model(seed):
-    """A model of 5 x 4 + 4 + 4 x 4 = 40 parameters: on 3 ranks the flat buffer needs padding. For check authors: see
-    the package docstring."""
-    torch.manual_seed(seed)
-    return nn.Sequential(nn.Linear(5, 4), nn.Tanh(), nn.Linear(4, 4, bias=False)).double()
+    """A model of 5 x 4 + 4 + 4 x 4 = 40 parameters: on 3 ranks the flat buffer needs padding (the caller's generator
+    untouched). For check authors: see the package docstring."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return nn.Sequential(nn.Linear(5, 4), nn.Tanh(), nn.Linear(4, 4, bias=False)).double()
+
+
+def zero_batches(world, steps=2, per_rank=3, seed=0):
+    """The ``steps`` batches (inputs, targets) of a run on ``world`` ranks, ``per_rank`` examples each.
+    For check authors: see the package docstring."""
+    g = torch.Generator().manual_seed(seed + 7)
+    xs = [torch.randn(world * per_rank, 5, generator=g, dtype=torch.float64) for _ in range(steps)]
+    ys = [torch.randn(world * per_rank, 4, generator=g, dtype=torch.float64) for _ in range(steps)]
+    return list(zip(xs, ys))
+
+
+def zero_reference(world, lr=0.3, steps=2, per_rank=3, seed=0):
+    """One process's SGD on the whole batches: the parameters after each step. For check authors: see the package
+    docstring."""
+    whole = zero_model(seed)
+    sgd = torch.optim.SGD(whole.parameters(), lr=lr)
+    history = []
+    for x, y in zero_batches(world, steps, per_rank, seed):
+        sgd.zero_grad()
+        nn.functional.mse_loss(whole(x), y).backward()
+        sgd.step()
+        history.append([p.detach().clone() for p in whole.parameters()])
+    return history
 
 
 def zero_child(module, name, lr=0.3, steps=2, per_rank=3, seed=0):
-    """Steps of the learner's ZeRO update on this rank's share, beside one process's SGD on the whole batch.
+    """Steps of the learner's ZeRO update on this rank's share of each batch: the parameters after each.
     For check authors: see the package docstring."""
     import torch.distributed as dist
 
     fn = learner_function(module, name)
     try:
         rank, world = dist.get_rank(), dist.get_world_size()
-        g = torch.Generator().manual_seed(seed + 7)
-        xs = [torch.randn(world * per_rank, 5, generator=g, dtype=torch.float64) for _ in range(steps)]
-        ys = [torch.randn(world * per_rank, 4, generator=g, dtype=torch.float64) for _ in range(steps)]
-        whole, model = zero_model(seed), zero_model(seed)
-        sgd = torch.optim.SGD(whole.parameters(), lr=lr)
-        before = [p.detach().clone() for p in model.parameters()]
+        share = slice(rank * per_rank, (rank + 1) * per_rank)
+        batches = [(x[share].clone(), y[share].clone()) for x, y in zero_batches(world, steps, per_rank, seed)]
+        model = zero_model(seed)
     except Exception:
         return fault()
     history = []
-    for x, y in zip(xs, ys):
+    for x, y in batches:
         try:
-            sgd.zero_grad()
-            nn.functional.mse_loss(whole(x), y).backward()
-            sgd.step()
             model.zero_grad()
-            share = slice(rank * per_rank, (rank + 1) * per_rank)
-            nn.functional.mse_loss(model(x[share]), y[share]).backward()
+            nn.functional.mse_loss(model(x), y).backward()
         except Exception:
             return fault()
         fn(list(model.parameters()), lr)
-        history.append({"got": [p.detach().clone() for p in model.parameters()],
-                        "expected": [p.detach().clone() for p in whole.parameters()]})
-    return {"history": history, "before": before, "world": world}
+        history.append([p.detach().clone() for p in model.parameters()])
+    return {"history": history}
 
 
-def zero_key(values, step, index):
+def zero_key(values, expected, before, step, index):
     """The likely mistake behind a wrong parameter after a ZeRO step (first step only). For check authors: see the
     package docstring."""
-    if step != 0:
+    try:
+        return zero_mistake(values, expected, before, index) if step == 0 else None
+    except (IndexError, KeyError, TypeError):  # a rank's history is not what the learner was asked to leave
         return None
-    v = values[0]
-    got, expected, before = v["history"][0]["got"][index], v["history"][0]["expected"][index], v["before"][index]
-    world = v["world"]
-    if close(got, before + world * (expected - before)):
+
+
+def zero_mistake(values, expected, before, index):
+    """:func:`zero_key` for the first step, on well-formed histories. For check authors: see the package docstring."""
+    got, world = values[0]["history"][0][index], len(values)
+    want, start = expected[0][index], before[index]
+    if close(got, start + world * (want - start)):
         return "missing_average"
-    flat_got = [x["history"][0]["got"] for x in values]
-    if any(not all(torch.equal(a, b) for a, b in zip(flat_got[0], other)) for other in flat_got[1:]):
+    if any(close(got, start + world / d * (want - start)) for d in range(2, 9) if d != world):
+        return "wrong_divisor"
+    first = [v["history"][0] for v in values]
+    if any(not all(close(a, b, 0, 0) for a, b in zip(first[0], other)) for other in first[1:]):
         return "ranks_differ"
     return None
 
 
-@exercise("09.4", title=("A ZeRO step", "ZeRO のステップ"), needs="processes", hints=[
+@exercise("09.4", title=("A ZeRO step", "ZeRO のステップ"), needs="processes", apart=True, hints=[
     ("Look at `mparlib.sharding.ShardedOptimizer.step` in the section 'ZeRO from primitives': three steps.",
      "「プリミティブから作る ZeRO」の節の `mparlib.sharding.ShardedOptimizer.step` を見てください。3つの段階が"
      "あります。"),
@@ -269,25 +293,36 @@ def zero_key(values, step, index):
                         "gradients, and data parallelism averages them. Divide by dist.get_world_size().",
                         "パラメータがワールドサイズ倍動いています。リデュース・スキャッターは勾配を合計しますが、データ"
                         "並列では平均します。dist.get_world_size() で割ってください。"),
+    "wrong_divisor": ("The parameters moved by the wrong fraction of the step: the summed gradients are divided by "
+                      "a number other than the world size. Divide by dist.get_world_size(), never by a fixed number "
+                      "(the check runs 2 and then 3 ranks).",
+                      "パラメータの動く量が違います。合計した勾配をワールドサイズ以外の数で割っています。固定の数では"
+                      "なく dist.get_world_size() で割ってください（チェックはランク 2個、次に 3個で動きます）。"),
     "ranks_differ": ("The ranks end with different parameters: every rank must receive every other rank's updated "
                      "slice (the all-gather) and use the gradients summed over all ranks (the reduce-scatter).",
                      "ランクごとにパラメータが違っています。どのランクも他のすべてのランクの更新済みのスライスを受け取り"
                      "（オールギャザー）、全ランクで合計した勾配を使う（リデュース・スキャッター）必要があります。"),
 })
-def check_09_4(answer, nproc=3):
-    """Two ZeRO steps on 3 ranks against one process's SGD on the whole batch, parameter by parameter.
-    Explained in 09_sharding."""
-    values = run_child(answer, zero_child, nproc)
+def check_09_4(answer, sizes=(2, 3), lr=0.3, steps=2):
+    """Two ZeRO steps on 2 and then 3 ranks (3: padded) against one process's SGD on the whole batch, parameter by
+    parameter. Explained in 09_sharding."""
+    runs = run_children(answer, zero_child, [(world, (lr, steps)) for world in sizes])
     names = ["0.weight", "0.bias", "2.weight"]
-    for step in range(2):
-        for rank, v in enumerate(values):
-            for index, (got, expected) in enumerate(zip(v["history"][step]["got"], v["history"][step]["expected"])):
-                if close(got, expected, 1e-6, 1e-9):
-                    continue
-                where = tr(f"After step {step + 1}, rank {rank}'s {names[index]}",
-                           f"ステップ {step + 1} のあと、ランク {rank} の {names[index]}")
-                return wrong(mismatch_text(where, first_mismatch(got, expected, 1e-6, 1e-9)),
-                             zero_key(values, step, index))
-    return right(tr(f"After 2 steps on {nproc} ranks every parameter equals one process's SGD on the whole batch.",
-                    f"{nproc}ランクで 2ステップ進めたあと、どのパラメータも 1個のプロセスがミニバッチ全体で SGD を"
-                    "進めた値と一致しました。"))
+    before = [p.detach().clone() for p in zero_model(0).parameters()]
+    for world, values in zip(sizes, runs):
+        expected = zero_reference(world, lr, steps)
+        for step in range(steps):
+            for rank, v in enumerate(values):
+                got_step = v["history"][step] if isinstance(v, dict) and len(v.get("history", ())) > step else []
+                for index, want in enumerate(expected[step]):
+                    got = got_step[index] if index < len(got_step) else None
+                    if close(got, want, 1e-6, 1e-9):
+                        continue
+                    where = tr(f"With {world} ranks, after step {step + 1}, rank {rank}'s {names[index]}",
+                               f"ランク {world}個で、ステップ {step + 1} のあと、ランク {rank} の {names[index]}")
+                    key = zero_key(values, expected, before, step, index) if isinstance(got, torch.Tensor) else None
+                    return wrong(mismatch_text(where, first_mismatch(got, want, 1e-6, 1e-9)), key)
+    return right(tr(f"After {steps} steps on {' and '.join(map(str, sizes))} ranks every parameter equals one "
+                    "process's SGD on the whole batch.",
+                    f"ランク {'個と '.join(map(str, sizes))}個のどちらでも、{steps}ステップ進めたあと、どのパラメータも "
+                    "1個のプロセスがミニバッチ全体で SGD を進めた値と一致しました。"))

@@ -1,9 +1,9 @@
 """Checks of chapter 10's exercises: a row-parallel linear layer, the 1F1B order of a stage, the bubble.
 
-The row-parallel layer runs on 2 fresh gloo processes against ``nn.Linear`` itself; the 1F1B order is checked
-against the rules of ``torch.distributed.pipelining``'s ``Schedule1F1B`` (warm-up forwards ``min(m, p - s)``, then
-one backward and one forward in turn, then the remaining backwards); the bubble at random points against
-``mparlib.schedules.bubble_formula``. Explained in 10_model_parallel.
+The row-parallel layer runs on 2 and then 4 fresh gloo processes against ``nn.Linear`` itself (computed here,
+never in a rank); the 1F1B order is checked against the rules of ``torch.distributed.pipelining``'s
+``Schedule1F1B`` (warm-up forwards ``min(m, p - s)``, then one backward and one forward in turn, then the remaining
+backwards); the bubble at random points against ``mparlib.schedules.bubble_formula``. Explained in 10_model_parallel.
 """
 import random
 
@@ -12,52 +12,57 @@ from torch import nn
 
 from ..lang import tr
 from ..schedules import bubble_formula
-from .ch06 import close, fault, learner_function, run_child
+from .ch06 import close, fault, learner_function, run_children
 from .ch07 import near
 from .core import call, call_each, exercise, first_mismatch, mismatch_text, right, wrong
 
 
 # ---- 10.1: a row-parallel linear layer ---------------------------------------------------------------------------
-def row_child(module, name, seed=0):
-    """The learner's row-parallel layer on a 2-D and a 3-D input, beside nn.Linear. For check authors: see the package
-    docstring."""
-    import torch.distributed as dist
-
-    fn = learner_function(module, name)
-    try:
-        rank, world = dist.get_rank(), dist.get_world_size()
+def row_inputs(seed=0):
+    """The layer (8 features in, 5 out) and the 2-D and 3-D inputs of 10.1, the same in every process (the caller's
+    generator untouched). For check authors: see the package docstring."""
+    with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         linear = nn.Linear(8, 5).double()
-        g = torch.Generator().manual_seed(seed + 1)
-        inputs = [torch.randn(3, 8, generator=g, dtype=torch.float64),
-                  torch.randn(2, 3, 8, generator=g, dtype=torch.float64)]
-        step = 8 // world
-        cuts = slice(rank * step, (rank + 1) * step)
+    g = torch.Generator().manual_seed(seed + 1)
+    return linear, [torch.randn(3, 8, generator=g, dtype=torch.float64),
+                    torch.randn(2, 3, 8, generator=g, dtype=torch.float64)]
+
+
+def row_child(module, name, seed=0):
+    """The learner's row-parallel layer on a 2-D and a 3-D input: its outputs. For check authors: see the package
+    docstring."""
+    fn = learner_function(module, name)
+    try:
+        linear, inputs = row_inputs(seed)
     except Exception:
         return fault()
     out = []
     for x in inputs:
         with torch.no_grad():
             got = fn(x.clone(), linear)
-            out.append({"got": got.detach().clone() if isinstance(got, torch.Tensor) else got,
-                        "expected": linear(x), "bias": linear.bias.detach().clone(),
-                        "partial": x[..., cuts] @ linear.weight[:, cuts].T, "product": x @ linear.weight.T})
-    return {"cases": out, "world": world}
+        out.append(got.detach().clone() if isinstance(got, torch.Tensor) else got)
+    return {"got": out}
 
 
-def row_key(case, world):
-    """The likely mistake behind a wrong row-parallel output. For check authors: see the package docstring."""
-    got, expected, bias = case["got"], case["expected"], case["bias"]
-    if close(got, expected + (world - 1) * bias):
-        return "bias_every_rank"
-    if close(got, case["partial"] + bias) or close(got, case["partial"]):
-        return "missing_all_reduce"
-    if close(got, world * case["product"] + bias) or close(got, world * case["product"] + world * bias):
-        return "whole_input"
+def row_key(got, x, linear, rank, world):
+    """The likely mistake behind rank ``rank``'s wrong row-parallel output for ``x``. For check authors: see the
+    package docstring."""
+    step = x.shape[-1] // world
+    cuts = slice(rank * step, (rank + 1) * step)
+    with torch.no_grad():
+        bias, product = linear.bias, x @ linear.weight.T
+        partial = x[..., cuts] @ linear.weight[:, cuts].T
+        if close(got, product + world * bias):
+            return "bias_every_rank"
+        if close(got, partial + bias) or close(got, partial):
+            return "missing_all_reduce"
+        if close(got, world * product + bias) or close(got, world * product + world * bias):
+            return "whole_input"
     return None
 
 
-@exercise("10.1", title=("A row-parallel linear layer", "行並列の線形層"), needs="processes", hints=[
+@exercise("10.1", title=("A row-parallel linear layer", "行並列の線形層"), needs="processes", apart=True, hints=[
     ("Look at the section 'Splitting one layer: columns and rows', the row-parallel case, and the cell after it.",
      "「1つの層の分け方: 列と行」の節の行並列の場合と、そのあとのセルを見てください。"),
     ("Rank r keeps the columns r*in/n to (r+1)*in/n of the weight and reads only the matching input features. Its "
@@ -82,20 +87,26 @@ def row_key(case, world):
                     "各ランクが積全体を計算したため、合計では積がワールドサイズ回数えられています。各ランクは入力の特徴と"
                     "重みの列の自分のスライスだけを使います。"),
 })
-def check_10_1(answer, nproc=2):
-    """Compare both ranks' outputs with nn.Linear on a 2-D and a 3-D input. Explained in 10_model_parallel."""
-    values = run_child(answer, row_child, nproc)
-    for rank, v in enumerate(values):
-        for case in v["cases"]:
-            if close(case["got"], case["expected"], 1e-9, 1e-9):
-                continue
-            shape = tuple(case["expected"].shape)
-            where = tr(f"Rank {rank}'s output for an input of shape {shape[:-1] + (8,)}",
-                       f"入力の形状が {shape[:-1] + (8,)} のときのランク {rank} の出力")
-            key = row_key(case, v["world"]) if isinstance(case["got"], torch.Tensor) else "shape"
-            return wrong(mismatch_text(where, first_mismatch(case["got"], case["expected"], 1e-9, 1e-9)), key)
-    return right(tr(f"On {nproc} ranks the row-parallel layer equals nn.Linear, for 2-D and 3-D inputs.",
-                    f"{nproc}ランクで、2次元と 3次元の入力のどちらでも行並列の層が nn.Linear と一致しました。"))
+def check_10_1(answer, sizes=(2, 4)):
+    """Compare every rank's outputs with nn.Linear on a 2-D and a 3-D input, on 2 and then 4 ranks. Explained in
+    10_model_parallel."""
+    runs = run_children(answer, row_child, [(world, ()) for world in sizes])
+    linear, inputs = row_inputs()
+    with torch.no_grad():
+        expected = [linear(x) for x in inputs]
+    for world, values in zip(sizes, runs):
+        for rank, v in enumerate(values):
+            for x, want, got in zip(inputs, expected, v["got"]):
+                if close(got, want, 1e-9, 1e-9):
+                    continue
+                where = tr(f"With {world} ranks, rank {rank}'s output for an input of shape {tuple(x.shape)}",
+                           f"ランク {world}個のとき、入力の形状が {tuple(x.shape)} のランク {rank} の出力")
+                key = row_key(got, x, linear, rank, world) if isinstance(got, torch.Tensor) else "shape"
+                return wrong(mismatch_text(where, first_mismatch(got, want, 1e-9, 1e-9)), key)
+    return right(tr(f"On {' and '.join(map(str, sizes))} ranks the row-parallel layer equals nn.Linear, for 2-D and "
+                    "3-D inputs.",
+                    f"ランク {'個と '.join(map(str, sizes))}個のどちらでも、2次元と 3次元の入力で行並列の層が "
+                    "nn.Linear と一致しました。"))
 
 
 # ---- 10.2: the 1F1B order of a stage -------------------------------------------------------------------------------

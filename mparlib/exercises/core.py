@@ -531,7 +531,7 @@ def first_mismatch(got, expected, rtol=1e-5, atol=1e-6):
     """``None`` if the tensors agree, else ``(index, learner's value)`` of the first element that differs (or
     ``("shape", got.shape)``). For check authors: see the package docstring."""
     if not isinstance(got, torch.Tensor):
-        return ("type", type(got).__name__)
+        return ("type", type_name(got))
     if got.shape != expected.shape:
         return ("shape", tuple(got.shape))
     got_c, exp_c = got.detach().cpu(), expected.detach().cpu()
@@ -543,6 +543,12 @@ def first_mismatch(got, expected, rtol=1e-5, atol=1e-6):
         return None
     index = tuple(int(i) for i in bad.nonzero()[0])
     return (index, got_c[index].item())
+
+
+def type_name(value):
+    """The name of the type of a value the learner's code gave back (the worker's name for one that was not plain
+    data). For check authors: see the package docstring."""
+    return value.type_name if isinstance(value, sandbox.Opaque) else type(value).__name__
 
 
 def mismatch_text(where, mismatch):
@@ -615,7 +621,7 @@ def ratio(got, expected):
 # ---- Distributed exercises -------------------------------------------------------------------------------------
 @dataclass
 class RankResult:
-    """What one rank of :func:`run_ranks` left: the learner's ``value`` or ``error``, and the check's ``reference``.
+    """What one rank of :func:`run_ranks` left: the learner's ``value`` or ``error``.
 
     ``error`` is ``None`` or ``(kind, "Type: message", traceback)`` with kind "error", "not attempted", "hang"
     (a collective that timed out or lost its partner) or "stuck" (still running at the time limit).
@@ -624,7 +630,6 @@ class RankResult:
     rank: int
     value: object = None
     error: tuple | None = None
-    reference: object = None
 
 
 HANG = re.compile(r"timed out|timeout|connection closed|connection reset|broken pipe|peer", re.IGNORECASE)
@@ -634,16 +639,14 @@ class StillRunning(Exception):
     """Raised by the alarm in a rank whose code runs past the check's time limit."""
 
 
-def rank_harness(module, qualname, args, kwargs, reference, folder, limit):
-    """The function each rank of :func:`run_ranks` runs: the check's ``reference`` first (a module-level callable,
-    on a clean group), then the learner's function imported by name; writes a :class:`RankResult`.
-    For check authors: see the package docstring."""
+def rank_harness(module, qualname, args, kwargs, folder, limit):
+    """The function each rank of :func:`run_ranks` runs: the learner's function (or a check's child that calls it),
+    imported by name; writes a :class:`RankResult`. Nothing of the check's expected values is in this process: the
+    learner's code could reach it. For check authors: see the package docstring."""
     import torch.distributed as dist
 
     rank = dist.get_rank()
     result = RankResult(rank)
-    if reference is not None:
-        result.reference = reference(*args, **kwargs)
     fn = importlib.import_module(module)
     for part in qualname.split("."):
         fn = getattr(fn, part)
@@ -667,8 +670,12 @@ def rank_harness(module, qualname, args, kwargs, reference, folder, limit):
         result.error = (kind, summary[:300], learner_traceback(e))
     finally:
         signal.alarm(0)
-    with open(Path(folder) / f"rank{rank}.pkl", "wb") as f:
-        pickle.dump(result, f)
+    try:
+        data = pickle.dumps(result)
+    except Exception:  # noqa: BLE001 - a value that cannot travel (a generator, a lock): its parts as plain data
+        result.value = sandbox.plain_parts(result.value)
+        data = pickle.dumps(result)
+    atomic_write_bytes(Path(folder) / f"rank{rank}.pkl", data)
     return None
 
 
@@ -690,14 +697,14 @@ def importable(fn):
 MARGIN = 10  # seconds past a check's limit after which run_ranks has the launcher kill every rank
 
 
-def run_ranks(fn, nproc, args=(), kwargs=None, *, reference=None, timeout=20, limit=45):
+def run_ranks(fn, nproc, args=(), kwargs=None, *, timeout=20, limit=45):
     """Run the learner's ``fn(*args, **kwargs)`` on ``nproc`` fresh processes (a fresh process group); return the
     list of :class:`RankResult`, or end the check (:class:`Stop`) when a rank failed or hung, naming the rank.
 
-    ``reference``: a module-level function of the check run first on every rank with the same arguments (e.g.
-    PyTorch's own collective). ``timeout`` bounds each collective; ``limit`` (seconds) the learner's code on a
-    rank: an alarm in the rank first, then, for code that catches or ignores it, the launcher kills every rank
-    ``MARGIN`` seconds later. For check authors: see the package docstring.
+    What rank 0 prints is shown as it comes. ``timeout`` bounds each collective; ``limit`` (seconds) the learner's
+    code on a rank: an alarm in the rank first, then, for code that catches or ignores it, the launcher kills every
+    rank ``MARGIN`` seconds later. A check judged apart calls this in its worker (see
+    :func:`~mparlib.exercises.ch06.run_children`). For check authors: see the package docstring.
     """
     from ..launch import launch
 
@@ -706,8 +713,8 @@ def run_ranks(fn, nproc, args=(), kwargs=None, *, reference=None, timeout=20, li
     module, name = importable(fn)
     with tempfile.TemporaryDirectory(prefix="mparlib-check-") as folder:
         try:
-            launch(rank_harness, nproc, args=(module, name, tuple(args), dict(kwargs or {}), reference, folder, limit),
-                   echo=False, timeout=timeout, limit=limit + MARGIN)
+            launch(rank_harness, nproc, args=(module, name, tuple(args), dict(kwargs or {}), folder, limit),
+                   timeout=timeout, limit=limit + MARGIN)
         except WorkerFailed as e:
             if e.limit is not None:  # the learner's code outlived the alarm (caught it, or ignored the signal)
                 raise Stop(wrong(tr(

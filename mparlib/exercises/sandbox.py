@@ -100,6 +100,16 @@ def plain(value):
     return {OPAQUE: type(value).__name__, "repr": text[:300]}
 
 
+def plain_parts(value):
+    """``value`` with each part that cannot come back as plain data replaced by its marker (see :func:`plain`), at any
+    depth of dicts (string keys), lists and tuples: a check still finds the parts it reads where it expects them."""
+    if isinstance(value, dict) and all(isinstance(k, str) for k in value):
+        return {k: plain_parts(v) for k, v in value.items()}
+    if type(value) in (list, tuple):
+        return type(value)(plain_parts(v) for v in value)
+    return plain(value)
+
+
 def _reply(driver, args, kwargs):
     """Run the driver; its value, or the outcome the learner's code led to, as plain data."""
     from .core import Stop, learner_error, not_attempted

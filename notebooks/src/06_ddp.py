@@ -635,13 +635,14 @@ workdir.cleanup()  # the checkpoint and plot of this chapter's runs lived in a t
 # check starts fresh processes that import your function. The check says *not attempted*, *wrong* (the first
 # difference and one hint for the likely mistake), *error* (your exception, or your code ending its process), *right*,
 # *cannot run here* or *the check itself failed* (never a verdict on your answer); it never prints the answer. Each
-# check starts fresh processes: a collective that waits for a partner that never comes is stopped after 20 s, naming
-# the waiting rank, and the whole check after 240 s. `hint("06.1")` prints the next hint level each time you call it
+# check runs your function on 2 and then 3 fresh processes, so a number of processes written into the code is found
+# out, and shows what rank 0 prints. A collective that waits for a partner that never comes is stopped after 20 s,
+# naming the waiting rank, and the whole check after 240 s. `hint("06.1")` prints the next hint level each time you call it
 # and says when none is left; `hint("06.1", 2)` prints a given level.
 # <!-- ja -->
 # ## 練習問題
 #
-# 各練習問題には、本体が `raise NotImplementedError` だけの関数を含む**スターター**のセルがあります。その行を自分のコードに置き換えてセルを実行し、すぐ下のチェックのセルを実行してください。チェックは新しいプロセスを起動してそこで関数をインポートするので、この章のスターターは `%%worker` のセルです。チェックの結果は「未着手」、「不正解」（最初の違いと、ありがちな間違いに合わせたヒント 1つ）、「エラー」（発生した例外、またはコードがプロセスを終了させたこと）、「正解」、「この環境では実行できません」、「チェック自体の不具合」（あなたの答えの判定ではありません）のどれかで、答えそのものは表示しません。どのチェックも新しいプロセスを起動します。来ない相手を待ち続ける集合通信は 20秒で止めて待っていたランクを示し、チェック全体は 240秒で止めます。`hint("06.1")` は呼ぶたびに次の段階のヒントを表示し、もう残っていなければそう伝えます。`hint("06.1", 2)` は指定した段階のヒントを表示します。
+# 各練習問題には、本体が `raise NotImplementedError` だけの関数を含む**スターター**のセルがあります。その行を自分のコードに置き換えてセルを実行し、すぐ下のチェックのセルを実行してください。チェックは新しいプロセスを起動してそこで関数をインポートするので、この章のスターターは `%%worker` のセルです。チェックの結果は「未着手」、「不正解」（最初の違いと、ありがちな間違いに合わせたヒント 1つ）、「エラー」（発生した例外、またはコードがプロセスを終了させたこと）、「正解」、「この環境では実行できません」、「チェック自体の不具合」（あなたの答えの判定ではありません）のどれかで、答えそのものは表示しません。どのチェックも関数を新しいプロセス 2個で、次に 3個で実行するので、コードに固定で書いたプロセス数は見つかります。ランク 0 が出力したものは表示されます。来ない相手を待ち続ける集合通信は 20秒で止めて待っていたランクを示し、チェック全体は 240秒で止めます。`hint("06.1")` は呼ぶたびに次の段階のヒントを表示し、もう残っていなければそう伝えます。`hint("06.1", 2)` は指定した段階のヒントを表示します。
 
 # %%
 from mparlib.exercises import check, hint
@@ -651,13 +652,13 @@ from mparlib.exercises import check, hint
 # ### Exercise 06.1: The gradient average by hand
 #
 # Write `average_gradients(model)`, called in every process right after `loss.backward()` on that process's share
-# of a batch: afterwards every parameter's `.grad` must hold what DDP would have put there. The check runs 3
-# processes, each with the same small network (one of whose parameters is frozen) and its own
-# third of a batch, and compares every gradient with that of one process on the whole batch.
+# of a batch: afterwards every parameter's `.grad` must hold what DDP would have put there. The check runs 2
+# and then 3 processes, each with the same small network (one of whose parameters is frozen) and its own
+# share of a batch, and compares every gradient with that of one process on the whole batch.
 # <!-- ja -->
 # ### 練習問題 06.1: 手で求める勾配の平均
 #
-# 各プロセスが自分の担当分で `loss.backward()` を実行した直後に呼ぶ `average_gradients(model)` を書いてください。呼んだあと、各パラメータの `.grad` には DDP が入れるのと同じものが入っていなければなりません。チェックは 3個のプロセスを動かし、それぞれが同じ小さなネットワーク（パラメータの 1つは凍結してあります）とミニバッチの 3分の 1 を使って、すべての勾配を 1個のプロセスがミニバッチ全体で計算した勾配と比べます。
+# 各プロセスが自分の担当分で `loss.backward()` を実行した直後に呼ぶ `average_gradients(model)` を書いてください。呼んだあと、各パラメータの `.grad` には DDP が入れるのと同じものが入っていなければなりません。チェックはプロセスを 2個、次に 3個動かし、それぞれが同じ小さなネットワーク（パラメータの 1つは凍結してあります）とミニバッチの自分の担当分を使って、すべての勾配を 1個のプロセスがミニバッチ全体で計算した勾配と比べます。
 
 # %%
 # %%worker ex06_average
@@ -680,12 +681,12 @@ check("06.1", average_gradients)
 #
 # Write `epoch_shares(dataset, num_epochs, seed=0)`: the indices that this process trains on in each of
 # `num_epochs` epochs, as a list of lists, shuffled from `seed` with a new order every epoch, as the training
-# script of this chapter draws them. The check runs it on 3 processes with 10 examples (so the sampler pads) and
-# 3 epochs.
+# script of this chapter draws them. The check runs it on 2 and then 3 processes with 10 examples (on 3, the sampler
+# pads) and 3 epochs.
 # <!-- ja -->
 # ### 練習問題 06.2: エポックごとに新しい順序
 #
-# このプロセスが `num_epochs` 個の各エポックで訓練に使うインデックスを、リストのリストとして返す `epoch_shares(dataset, num_epochs, seed=0)` を書いてください。この章の訓練スクリプトと同じく、`seed` からシャッフルし、エポックごとに新しい順序にします。チェックは 3個のプロセスで、10個のデータ（サンプラーが数を補います）と 3エポックで実行します。
+# このプロセスが `num_epochs` 個の各エポックで訓練に使うインデックスを、リストのリストとして返す `epoch_shares(dataset, num_epochs, seed=0)` を書いてください。この章の訓練スクリプトと同じく、`seed` からシャッフルし、エポックごとに新しい順序にします。チェックはプロセス 2個と 3個で、10個のデータ（3個のときはサンプラーが数を補います）と 3エポックで実行します。
 
 # %%
 # %%worker ex06_sampler
@@ -709,12 +710,12 @@ check("06.2", epoch_shares)
 #
 # Write `save_checkpoint(model, path)`, called by every process with its DDP-wrapped `model`: afterwards `path`
 # holds the parameters in the format a plain model loads (chapter 2's), written the way this chapter's
-# checkpoints are, and no process returns before the file is there. The check runs 2 processes and makes rank 0's
-# disk slow.
+# checkpoints are, and no process returns before the file is there. The check runs 2 and then 3 processes and makes
+# rank 0's disk slow.
 # <!-- ja -->
 # ### 練習問題 06.3: ランク 0 のチェックポイント
 #
-# すべてのプロセスが DDP でラップした `model` を渡して呼ぶ `save_checkpoint(model, path)` を書いてください。呼んだあと、`path` にはふつうのモデルが読み込める形式（2章の形式）のパラメータが、この章のチェックポイントと同じ書き方で書かれていて、しかもファイルができる前に戻るプロセスがあってはいけません。チェックは 2個のプロセスを動かし、ランク 0 のディスクを遅くします。
+# すべてのプロセスが DDP でラップした `model` を渡して呼ぶ `save_checkpoint(model, path)` を書いてください。呼んだあと、`path` にはふつうのモデルが読み込める形式（2章の形式）のパラメータが、この章のチェックポイントと同じ書き方で書かれていて、しかもファイルができる前に戻るプロセスがあってはいけません。チェックはプロセスを 2個、次に 3個動かし、ランク 0 のディスクを遅くします。
 
 # %%
 # %%worker ex06_checkpoint

@@ -1220,7 +1220,7 @@ assert any("Detected mismatch between collectives" in line and "TensorShape=[4]"
 #
 # Each exercise has a **starter** cell whose function body is `raise NotImplementedError`: replace that line with your
 # code, run the cell, then run the check cell below it. The starters of the two distributed exercises are `%%worker`
-# cells: their checks start 3 fresh processes that import your function. The check says *not attempted*, *wrong* (the
+# cells: their checks start 2 and then 3 fresh processes that import your function. The check says *not attempted*, *wrong* (the
 # first difference and one hint for the likely mistake), *error* (your exception, or your code ending its process),
 # *right*, *cannot run here* or *the check itself failed* (never a verdict on your answer); it never prints the
 # answer. A one-process exercise runs your function in a fresh worker process and stops it after 30 s; a distributed
@@ -1230,7 +1230,7 @@ assert any("Detected mismatch between collectives" in line and "TensorShape=[4]"
 # <!-- ja -->
 # ## 練習問題
 #
-# 各練習問題には、本体が `raise NotImplementedError` だけの関数を含む**スターター**のセルがあります。その行を自分のコードに置き換えてセルを実行し、すぐ下のチェックのセルを実行してください。分散実行する 2問のスターターは `%%worker` のセルです。そのチェックは新しいプロセスを 3個起動してそこで関数をインポートします。チェックの結果は「未着手」、「不正解」（最初の違いと、ありがちな間違いに合わせたヒント 1つ）、「エラー」（発生した例外、またはコードがプロセスを終了させたこと）、「正解」、「この環境では実行できません」、「チェック自体の不具合」（あなたの答えの判定ではありません）のどれかで、答えそのものは表示しません。1つのプロセスの練習問題では関数を新しいワーカープロセスで実行し、30秒で止めます。分散のチェックでは、来ない相手を待ち続ける集合通信を 20秒で止めて待っていたランクを示し、チェック全体を 240秒で止めます。`hint("08.1")` は呼ぶたびに次の段階のヒントを表示し、もう残っていなければそう伝えます。`hint("08.1", 2)` は指定した段階のヒントを表示します。
+# 各練習問題には、本体が `raise NotImplementedError` だけの関数を含む**スターター**のセルがあります。その行を自分のコードに置き換えてセルを実行し、すぐ下のチェックのセルを実行してください。分散実行する 2問のスターターは `%%worker` のセルです。そのチェックは新しいプロセスを 2個、次に 3個起動してそこで関数をインポートします。チェックの結果は「未着手」、「不正解」（最初の違いと、ありがちな間違いに合わせたヒント 1つ）、「エラー」（発生した例外、またはコードがプロセスを終了させたこと）、「正解」、「この環境では実行できません」、「チェック自体の不具合」（あなたの答えの判定ではありません）のどれかで、答えそのものは表示しません。1つのプロセスの練習問題では関数を新しいワーカープロセスで実行し、30秒で止めます。分散のチェックでは、来ない相手を待ち続ける集合通信を 20秒で止めて待っていたランクを示し、チェック全体を 240秒で止めます。`hint("08.1")` は呼ぶたびに次の段階のヒントを表示し、もう残っていなければそう伝えます。`hint("08.1", 2)` は指定した段階のヒントを表示します。
 
 # %%
 from mparlib.exercises import check, hint
@@ -1241,12 +1241,12 @@ from mparlib.exercises import check, hint
 #
 # Write `all_gather_by_sends(tensor, sizes)`, called on every rank with that rank's 1-D `tensor`: it returns the
 # list of every rank's tensor in rank order, as `dist.all_gather` would, using only point-to-point messages.
-# Rank `r`'s tensor has `sizes[r]` elements, and the sizes differ: the check uses 3 ranks with 2, 5 and 3
-# elements.
+# Rank `r`'s tensor has `sizes[r]` elements, and the sizes differ: the check uses 2 ranks with 4 and 1
+# elements, then 3 ranks with 2, 5 and 3.
 # <!-- ja -->
 # ### 練習問題 08.1: 送信と受信で作るオールギャザー
 #
-# 各ランクが自分の 1次元の `tensor` を渡して呼ぶ `all_gather_by_sends(tensor, sizes)` を書いてください。`dist.all_gather` と同じく全ランクのテンソルをランクの順に並べたリストを返しますが、使うのは 1対1通信だけです。ランク `r` のテンソルの要素数は `sizes[r]` で、大きさはランクごとに違います。チェックでは 3個のランクがそれぞれ 2個、5個、3個の要素を持ちます。
+# 各ランクが自分の 1次元の `tensor` を渡して呼ぶ `all_gather_by_sends(tensor, sizes)` を書いてください。`dist.all_gather` と同じく全ランクのテンソルをランクの順に並べたリストを返しますが、使うのは 1対1通信だけです。ランク `r` のテンソルの要素数は `sizes[r]` で、大きさはランクごとに違います。チェックでは 2個のランクがそれぞれ 4個、1個の要素を、続いて 3個のランクがそれぞれ 2個、5個、3個の要素を持ちます。
 
 # %%
 # %%worker ex08_gather
@@ -1271,11 +1271,11 @@ check("08.1", all_gather_by_sends)
 # Write `ring_reduce_scatter(tensor)`, the first phase of the ring all-reduce on its own: called on every rank with
 # tensors of one shape, it returns on rank `r` chunk `r` of the flattened tensor (`chunk_bounds(n, k)[r]`),
 # summed over all ranks, as `dist.reduce_scatter` leaves it. Only point-to-point messages, to the neighbours in
-# the ring. The check runs 3 ranks with 10 elements, then 2 (so one chunk is empty).
+# the ring. The check runs 2 ranks with 7 elements, then 1, and 3 ranks with 10, then 2 (so a chunk is empty).
 # <!-- ja -->
 # ### 練習問題 08.2: リングのリデュース・スキャッター
 #
-# リング・オールリデュースの前半だけを取り出した `ring_reduce_scatter(tensor)` を書いてください。すべてのランクが同じ形状のテンソルを渡して呼び、ランク `r` には、フラットにしたテンソルのチャンク `r`（`chunk_bounds(n, k)[r]`）を全ランクで合計したものを返します。`dist.reduce_scatter` が残すものと同じです。使うのは、リングで隣り合うランクとの 1対1通信だけです。チェックは 3個のランクで、要素 10個、続いて 2個（チャンクの 1つが空になります）で実行します。
+# リング・オールリデュースの前半だけを取り出した `ring_reduce_scatter(tensor)` を書いてください。すべてのランクが同じ形状のテンソルを渡して呼び、ランク `r` には、フラットにしたテンソルのチャンク `r`（`chunk_bounds(n, k)[r]`）を全ランクで合計したものを返します。`dist.reduce_scatter` が残すものと同じです。使うのは、リングで隣り合うランクとの 1対1通信だけです。チェックは 2個のランクで要素 7個と 1個、3個のランクで要素 10個と 2個（どちらも最後はチャンクの 1つが空になります）で実行します。
 
 # %%
 # %%worker ex08_ring

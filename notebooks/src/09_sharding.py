@@ -1607,7 +1607,7 @@ print(tr("(DDP's and ZeRO-1's traffic: an all-reduce counted as a reduce-scatter
 #
 # Each exercise has a **starter** cell whose function body is `raise NotImplementedError`: replace that line with your
 # code, run the cell, then run the check cell below it. The starter of the ZeRO step is a `%%worker` cell: its check
-# starts 3 fresh processes that import your function. The check says *not attempted*, *wrong* (the first difference
+# starts 2 and then 3 fresh processes that import your function. The check says *not attempted*, *wrong* (the first difference
 # and one hint for the likely mistake), *error* (your exception, or your code ending its process), *right*, *cannot
 # run here* or *the check itself failed* (never a verdict on your answer); it never prints the answer. A one-process
 # exercise runs your function in a fresh worker process and stops it after 30 s; a distributed check stops a
@@ -1617,7 +1617,7 @@ print(tr("(DDP's and ZeRO-1's traffic: an all-reduce counted as a reduce-scatter
 # <!-- ja -->
 # ## 練習問題
 #
-# 各練習問題には、本体が `raise NotImplementedError` だけの関数を含む**スターター**のセルがあります。その行を自分のコードに置き換えてセルを実行し、すぐ下のチェックのセルを実行してください。ZeRO のステップのスターターは `%%worker` のセルです。そのチェックは新しいプロセスを 3個起動してそこで関数をインポートします。チェックの結果は「未着手」、「不正解」（最初の違いと、ありがちな間違いに合わせたヒント 1つ）、「エラー」（発生した例外、またはコードがプロセスを終了させたこと）、「正解」、「この環境では実行できません」、「チェック自体の不具合」（あなたの答えの判定ではありません）のどれかで、答えそのものは表示しません。1つのプロセスの練習問題では関数を新しいワーカープロセスで実行し、30秒で止めます。分散のチェックでは、来ない相手を待ち続ける集合通信を 20秒で止めて待っていたランクを示し、チェック全体を 240秒で止めます。`hint("09.1")` は呼ぶたびに次の段階のヒントを表示し、もう残っていなければそう伝えます。`hint("09.1", 2)` は指定した段階のヒントを表示します。
+# 各練習問題には、本体が `raise NotImplementedError` だけの関数を含む**スターター**のセルがあります。その行を自分のコードに置き換えてセルを実行し、すぐ下のチェックのセルを実行してください。ZeRO のステップのスターターは `%%worker` のセルです。そのチェックは新しいプロセスを 2個、次に 3個起動してそこで関数をインポートします。チェックの結果は「未着手」、「不正解」（最初の違いと、ありがちな間違いに合わせたヒント 1つ）、「エラー」（発生した例外、またはコードがプロセスを終了させたこと）、「正解」、「この環境では実行できません」、「チェック自体の不具合」（あなたの答えの判定ではありません）のどれかで、答えそのものは表示しません。1つのプロセスの練習問題では関数を新しいワーカープロセスで実行し、30秒で止めます。分散のチェックでは、来ない相手を待ち続ける集合通信を 20秒で止めて待っていたランクを示し、チェック全体を 240秒で止めます。`hint("09.1")` は呼ぶたびに次の段階のヒントを表示し、もう残っていなければそう伝えます。`hint("09.1", 2)` は指定した段階のヒントを表示します。
 
 # %%
 from mparlib.exercises import check, hint
@@ -1702,11 +1702,11 @@ check("09.3", unshard_flat)
 # Write `zero_sgd_step(params, lr)`, called on every rank after `backward()` on that rank's share of a batch, with
 # the model's parameters and their local gradients: one plain SGD step, sharded as in the section "ZeRO from
 # primitives". Afterwards every rank holds the parameters that one process would hold after an SGD step on the
-# whole batch. The check runs 3 ranks and a model of 40 parameters (not a multiple of 3) for 2 steps.
+# whole batch. The check runs 2 and then 3 ranks and a model of 40 parameters (not a multiple of 3) for 2 steps.
 # <!-- ja -->
 # ### 練習問題 09.4: ZeRO のステップ
 #
-# 各ランクがバッチのうち自分の担当分で `backward()` を実行したあとに、モデルのパラメータ（そのランクで計算した勾配を持つもの）を渡して呼ぶ `zero_sgd_step(params, lr)` を書いてください。「プリミティブから作る ZeRO」の節と同じようにシャーディングした、ふつうの SGD の 1ステップです。呼んだあと、どのランクも、1個のプロセスがバッチ全体で SGD を 1ステップ進めたときのパラメータを持っていなければなりません。チェックは 3個のランクと 40個のパラメータ（3 の倍数ではありません）のモデルで 2ステップ実行します。
+# 各ランクがバッチのうち自分の担当分で `backward()` を実行したあとに、モデルのパラメータ（そのランクで計算した勾配を持つもの）を渡して呼ぶ `zero_sgd_step(params, lr)` を書いてください。「プリミティブから作る ZeRO」の節と同じようにシャーディングした、ふつうの SGD の 1ステップです。呼んだあと、どのランクも、1個のプロセスがバッチ全体で SGD を 1ステップ進めたときのパラメータを持っていなければなりません。チェックはランク 2個、次に 3個と、40個のパラメータ（3 の倍数ではありません）のモデルで 2ステップ実行します。
 
 # %%
 # %%worker ex09_zero

@@ -1046,7 +1046,7 @@ print(tr(f"whole chapter so far: {time.perf_counter() - CHAPTER_START:.0f} s",
 #
 # Each exercise has a **starter** cell whose function body is `raise NotImplementedError`: replace that line with your
 # code, run the cell, then run the check cell below it. The starter of the row-parallel layer is a `%%worker` cell:
-# its check starts 2 fresh processes that import your function. The check says *not attempted*, *wrong* (the first
+# its check starts 2 and then 4 fresh processes that import your function. The check says *not attempted*, *wrong* (the first
 # difference and one hint for the likely mistake), *error* (your exception, or your code ending its process), *right*,
 # *cannot run here* or *the check itself failed* (never a verdict on your answer); it never prints the answer. A
 # one-process exercise runs your function in a fresh worker process and stops it after 30 s; a distributed check stops
@@ -1056,7 +1056,7 @@ print(tr(f"whole chapter so far: {time.perf_counter() - CHAPTER_START:.0f} s",
 # <!-- ja -->
 # ## 練習問題
 #
-# 各練習問題には、本体が `raise NotImplementedError` だけの関数を含む**スターター**のセルがあります。その行を自分のコードに置き換えてセルを実行し、すぐ下のチェックのセルを実行してください。行並列の層のスターターは `%%worker` のセルです。そのチェックは新しいプロセスを 2個起動してそこで関数をインポートします。チェックの結果は「未着手」、「不正解」（最初の違いと、ありがちな間違いに合わせたヒント 1つ）、「エラー」（発生した例外、またはコードがプロセスを終了させたこと）、「正解」、「この環境では実行できません」、「チェック自体の不具合」（あなたの答えの判定ではありません）のどれかで、答えそのものは表示しません。1つのプロセスの練習問題では関数を新しいワーカープロセスで実行し、30秒で止めます。分散のチェックでは、来ない相手を待ち続ける集合通信を 20秒で止めて待っていたランクを示し、チェック全体を 240秒で止めます。`hint("10.1")` は呼ぶたびに次の段階のヒントを表示し、もう残っていなければそう伝えます。`hint("10.1", 2)` は指定した段階のヒントを表示します。
+# 各練習問題には、本体が `raise NotImplementedError` だけの関数を含む**スターター**のセルがあります。その行を自分のコードに置き換えてセルを実行し、すぐ下のチェックのセルを実行してください。行並列の層のスターターは `%%worker` のセルです。そのチェックは新しいプロセスを 2個、次に 4個起動してそこで関数をインポートします。チェックの結果は「未着手」、「不正解」（最初の違いと、ありがちな間違いに合わせたヒント 1つ）、「エラー」（発生した例外、またはコードがプロセスを終了させたこと）、「正解」、「この環境では実行できません」、「チェック自体の不具合」（あなたの答えの判定ではありません）のどれかで、答えそのものは表示しません。1つのプロセスの練習問題では関数を新しいワーカープロセスで実行し、30秒で止めます。分散のチェックでは、来ない相手を待ち続ける集合通信を 20秒で止めて待っていたランクを示し、チェック全体を 240秒で止めます。`hint("10.1")` は呼ぶたびに次の段階のヒントを表示し、もう残っていなければそう伝えます。`hint("10.1", 2)` は指定した段階のヒントを表示します。
 
 # %%
 from mparlib.exercises import check, hint
@@ -1067,12 +1067,12 @@ from mparlib.exercises import check, hint
 #
 # Write `row_parallel_linear(x, linear)`, called on every rank with the same whole input `x` (shape `(..., in)`)
 # and the same `nn.Linear`: each rank uses only its slice of the input features and the matching columns of the
-# weight, and every rank returns `linear(x)`. The check runs 2 ranks with a 2-D and a 3-D input and compares
+# weight, and every rank returns `linear(x)`. The check runs 2 and then 4 ranks with a 2-D and a 3-D input and compares
 # with `nn.Linear` itself.
 # <!-- ja -->
 # ### 練習問題 10.1: 行並列の線形層
 #
-# すべてのランクが同じ入力全体 `x`（形状 `(..., in)`）と同じ `nn.Linear` を渡して呼ぶ `row_parallel_linear(x, linear)` を書いてください。各ランクは入力の特徴の自分のスライスと、それに対応する重みの列だけを使い、どのランクも `linear(x)` を返します。チェックは 2個のランクで 2次元と 3次元の入力を使い、`nn.Linear` そのものと比べます。
+# すべてのランクが同じ入力全体 `x`（形状 `(..., in)`）と同じ `nn.Linear` を渡して呼ぶ `row_parallel_linear(x, linear)` を書いてください。各ランクは入力の特徴の自分のスライスと、それに対応する重みの列だけを使い、どのランクも `linear(x)` を返します。チェックはランク 2個、次に 4個で 2次元と 3次元の入力を使い、`nn.Linear` そのものと比べます。
 
 # %%
 # %%worker ex10_row

@@ -1,5 +1,7 @@
 """Planted wrong answers to chapter 06's exercises: each must be rejected with the hint key it names."""
+import gc
 import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -12,11 +14,37 @@ def sum_only(model):  # 06.1 -> missing_division
             dist.all_reduce(p.grad)
 
 
-def halve(model):  # 06.1 -> wrong_divisor: divides by a fixed 2, the check runs 3 processes
+def halve(model):  # 06.1 -> wrong_divisor: divides by a fixed 2, right only when the check runs 2 processes
     for p in model.parameters():
         if p.grad is not None:
             dist.all_reduce(p.grad)
             p.grad /= 2
+
+
+def divide_by_three(model):  # 06.1 -> wrong_divisor: a hard-coded world size, right only on 3 processes
+    for p in model.parameters():
+        if p.grad is not None:
+            dist.all_reduce(p.grad)
+            p.grad /= 3
+
+
+def copy_from_the_check(model):  # 06.1 -> no_all_reduce: looks for the expected gradients instead of computing them
+    """Takes the gradients of any other model in reach (the frames above it, then every object the collector knows):
+    a check whose rank held the whole batch's model would be fooled."""
+    shapes = [None if p.grad is None else p.grad.shape for p in model.parameters()]
+    frames, frame = [], sys._getframe(1)
+    while frame is not None:
+        frames.append(frame)
+        frame = frame.f_back
+    found = [v for f in frames for v in f.f_locals.values()] + gc.get_objects()
+    for other in found:
+        if isinstance(other, torch.nn.Module) and other is not model and sum(1 for _ in other.parameters()):
+            grads = [p.grad for p in other.parameters()]
+            if [None if g is None else g.shape for g in grads] == shapes:
+                for p, g in zip(model.parameters(), grads):
+                    if g is not None:
+                        p.grad = g.clone()
+                return
 
 
 def shares_without_set_epoch(dataset, num_epochs, seed=0):  # 06.2 -> forgot_set_epoch
@@ -54,15 +82,12 @@ def save_in_place(model, path):  # 06.3 -> not_atomic
 
 PLANTED = [
     ("06.1", "missing_division", sum_only),
+    ("06.1", "wrong_divisor", halve),
+    ("06.1", "wrong_divisor", divide_by_three),
+    ("06.1", "no_all_reduce", copy_from_the_check),
     ("06.2", "forgot_set_epoch", shares_without_set_epoch),
+    ("06.2", "different_orders", shares_seeded_by_rank),
     ("06.3", "missing_barrier", save_without_barrier),
     ("06.3", "not_atomic", save_in_place),
-]
-
-# Also rejected with their hints (checked by hand): left out of PLANTED because each costs a start of fresh processes
-# in the generic tests.
-EXTRA_PLANTED = [
-    ("06.1", "wrong_divisor", halve),
-    ("06.2", "different_orders", shares_seeded_by_rank),
     ("06.3", "module_prefix", save_wrapper),
 ]

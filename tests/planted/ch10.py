@@ -40,15 +40,10 @@ def bubble_p(num_stages, micro_batches):  # 10.3 -> p_not_p_minus_1
 
 
 PLANTED = [
+    ("10.1", "missing_all_reduce", row_parallel_partial),
     ("10.1", "bias_every_rank", row_parallel_bias_everywhere),
     ("10.2", "gpipe", gpipe_order),
     ("10.2", "warmup_count", one_f_one_b_short_warmup),
     ("10.3", "over_busy", bubble_over_busy),
     ("10.3", "p_not_p_minus_1", bubble_p),
-]
-
-# Also rejected with their hints (checked by hand): left out of PLANTED because each costs a start of fresh processes
-# in the generic tests.
-EXTRA_PLANTED = [
-    ("10.1", "missing_all_reduce", row_parallel_partial),
 ]
