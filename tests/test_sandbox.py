@@ -33,7 +33,7 @@ def apart_exercise():
     """Exercise 99.2, judged apart, registered for one test with the check function the test gives."""
     def register(fn, **kwargs):
         kwargs.setdefault("hints", [("where", "どこ"), ("idea", "考え"), ("nearly", "ほぼ")])
-        core.exercise("99.2", apart=True, **kwargs)(fn)
+        core.exercise("99.2", **kwargs)(fn)
         return "99.2"
     yield register
     core.REGISTRY.pop("99.2", None)
@@ -80,8 +80,8 @@ def patches_the_comparison():
 def test_expected_values_held_by_the_check_are_out_of_the_answers_reach(apart_exercise):
     number = apart_exercise(secret_check)
     assert check(number, SEEKERS.from_frames).status == "wrong"
-    core.REGISTRY[number].apart = False  # the same answer judged in a copy of the kernel finds the secret
-    assert check(number, SEEKERS.from_frames).status == "right"
+    # the same answer, its check judged in this process without a worker, finds the secret
+    assert core.judge(core.REGISTRY[number], SEEKERS.from_frames, {}).status == "right"
 
 
 def test_patches_made_by_the_answer_change_neither_the_verdict_nor_the_kernel(apart_exercise):

@@ -14,7 +14,7 @@ and the hint for the likely mistake), error (your exception and its traceback), 
 GPU), or "the check itself failed" (a fault of the check, with its traceback: never a verdict on your answer). It
 shows one hint: the likely mistake's, else level 1; the others come one at a time from ``hint``.
 
-An exercise is judged apart (``exercise(..., apart=True)``): the check runs in the kernel, and your code in a new
+Every exercise is judged apart: the check runs in the kernel, and your code in a new
 worker process that starts clean (forked from the fork server of :mod:`mparlib.launch`, which has imported PyTorch
 and nothing of the kernel) and sends back plain data only (:mod:`~mparlib.exercises.sandbox`). Nothing your code
 does there reaches the check's expected values or its verdict, and the worker, with everything it started, is ended
@@ -22,9 +22,7 @@ at the exercise's time limit (30 s; 240 s for a distributed one): an answer that
 exception or ignores signals becomes a wrong outcome, and the kernel stays usable. What your code prints is shown as
 it runs (rank 0's, for a distributed one). A distributed exercise's ranks are forked from that worker, on 2 and then 3
 processes (2 and 4 for 10.1), so a hard-coded world size is wrong; the check computes the expected values itself,
-never in a rank. One exercise, 05.3 (a throughput measured against the check's own), still runs its check in a copy
-of the kernel's process (a fork), ended at its limit; off Linux, and in a kernel that has used CUDA, that check runs
-in the kernel itself, with no time limit.
+never in a rank. No check forks the kernel, and none retries: a crash is your outcome, with its signal named.
 
 Importing this package in a notebook also registers the ``%%worker`` cell magic (as ``%load_ext mparlib.launch``
 does), so that the Exercises section of a chapter works in a kernel that was just restarted.
@@ -35,7 +33,7 @@ For authors of a chapter's checks (module ``mparlib/exercises/chNN.py``, found f
     from .ch06 import run_children
 
     @exercise("08.2", hints=[(en, ja), (en, ja), (en, ja)], mistakes={"no_division": (en, ja)},
-              needs="processes", apart=True, title=(en, ja))
+              needs="processes", title=(en, ja))
     def check_08_2(answer):
         got = call(answer, x)                     # one process: the learner's errors end the check for you
         runs = run_children(answer, child, [(2, args), (3, args)])   # fresh processes: each rank's value
@@ -58,8 +56,8 @@ it, ``run_ranks`` returns one ``RankResult(rank, value, error)`` per rank; a han
 ``timeout`` (a collective's limit, 20 s) with a wrong outcome naming the waiting rank (mistake key ``"hang"``);
 code still running at ``limit`` (45 s) is told to stop, and every rank is killed ``MARGIN`` (10 s) later (key
 ``"stuck"``). ``exercise(..., limit=s)`` sets the whole check's limit (default ``core.LIMITS`` by ``needs``).
-A check function has no side effects the learner sees: judged apart, the learner's code gets the check's objects
-as copies in its worker; otherwise the check runs in the forked copy.
+A check function has no side effects the learner sees: the learner's code gets the check's objects as copies in
+its worker, and the kernel's global generator is as it was before the check (``torch.random.fork_rng``).
 ``value(answer)`` turns a numeric answer (or a function returning one) into a number. Keys ``"hang"``, ``"stuck"``
 and ``"shape"`` have common hint texts; an exercise may override them. Statuses: ``Outcome.status`` in
 ``core.STATUSES``; ``Outcome.hint_key`` names the mistake. Solutions live outside the package (``solutions/``).

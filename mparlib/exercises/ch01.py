@@ -28,7 +28,7 @@ def _cases_01_1():
     return fixed + [(rng.randint(1, 300), rng.randint(1, 9)) for _ in range(30)]
 
 
-@exercise("01.1", title=("Chunk sizes", "チャンクの大きさ"), apart=True, hints=[
+@exercise("01.1", title=("Chunk sizes", "チャンクの大きさ"), hints=[
     ("Look at the section 'What one forward pass does' and the figure of three cases: which rule does scatter "
      "follow?",
      "「1回の順伝播で起きること」の節と、3つの場合の図を見てください。分配はどの規則に従っていますか。"),
@@ -77,7 +77,7 @@ def _cases_01_2():
                     for _ in range(30)]
 
 
-@exercise("01.2", title=("Linear scaling with warm-up", "ウォームアップ付きの線形スケーリング則"), apart=True, hints=[
+@exercise("01.2", title=("Linear scaling with warm-up", "ウォームアップ付きの線形スケーリング則"), hints=[
     ("Read 'Batch size and learning rate': what happens to the learning rate when the global batch grows k-fold, "
      "and how does a warm-up start?",
      "「バッチサイズと学習率」を読んでください。全体のバッチが k倍になると学習率はどうなり、ウォームアップは"
@@ -148,7 +148,7 @@ def _their_step(answer, devices, lr):
     return [p.detach().clone() for p in theirs.parameters()], list(log)
 
 
-@exercise("01.3", title=("One step on simulated devices", "模擬デバイスでの 1ステップ"), apart=True, hints=[
+@exercise("01.3", title=("One step on simulated devices", "模擬デバイスでの 1ステップ"), hints=[
     ("Look at the one-step comparison in 'Batch size and learning rate'.",
      "「バッチサイズと学習率」の 1ステップの比較を見てください。"),
     ("Run the forward pass through data_parallel(model, X, devices), compute one loss on the gathered output, "

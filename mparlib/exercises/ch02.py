@@ -41,7 +41,7 @@ NAMES_02_1 = ["forward", "predict", "module", "device_ids", "class_names", "head
               "scale", "parameters", "no_such_name", "body", "output_device"]
 
 
-@exercise("02.1", title=("Who answers the name?", "名前に答える側の判定"), apart=True, hints=[
+@exercise("02.1", title=("Who answers the name?", "名前に答える側の判定"), hints=[
     ("Read 'Where attributes live' and the lookup order listed under 'A subclass that works'.",
      "「属性の置き場所」と、「正しく動くサブクラス」の下にある探索の順序を読んでください。"),
     ("Three places belong to the wrapper: its instance __dict__, its class (with the parents), and nn.Module's "
@@ -100,7 +100,7 @@ def _their_strip(answer, state):
     return got, state != before or list(state) != list(before)
 
 
-@exercise("02.2", title=("Removing the `module.` prefix", "`module.` の接頭辞の除去"), apart=True, hints=[
+@exercise("02.2", title=("Removing the `module.` prefix", "`module.` の接頭辞の除去"), hints=[
     ("See 'Checkpoints across wrapped and plain models': which keys does a wrapper add, and where?",
      "「ラップしたモデルとしていないモデルの間のチェックポイント」を見てください。ラッパーはどのキーの、どこに何を"
      "加えますか。"),
@@ -180,7 +180,7 @@ def _their_report(answer, model, state):
     return got, any(k not in before or not torch.equal(before[k], v) for k, v in model.state_dict().items())
 
 
-@exercise("02.3", title=("What a load would miss", "読み込みで足りないもの"), apart=True, hints=[
+@exercise("02.3", title=("What a load would miss", "読み込みで足りないもの"), hints=[
     ("Look at the error a strict load_state_dict prints in 'Checkpoints across wrapped and plain models', and at "
      "the model's state dict: which entries does it have besides the parameters?",
      "「ラップしたモデルとしていないモデルの間のチェックポイント」で厳密な load_state_dict が表示するエラーと、"

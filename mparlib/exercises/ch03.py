@@ -43,7 +43,7 @@ def _same_parts(got, expected):
     return True
 
 
-@exercise("03.1", title=("Scattering a batch", "バッチの分配"), apart=True, hints=[
+@exercise("03.1", title=("Scattering a batch", "バッチの分配"), hints=[
     ("Read the `scatter` section: what does it do with a dict, and with values that are not tensors?",
      "`scatter` の節を読んでください。dict や、テンソルでない値をどう扱いますか。"),
     ("One dict per device that gets rows: the i-th chunk of every tensor, under the same keys, and every other "
@@ -142,7 +142,7 @@ def _their_run_03_2(answer, batch, k):
     return (out.detach() if isinstance(out, torch.Tensor) else out), seen, grads
 
 
-@exercise("03.2", title=("data_parallel along another dimension", "別の次元に沿った data_parallel"), apart=True, hints=[
+@exercise("03.2", title=("data_parallel along another dimension", "別の次元に沿った data_parallel"), hints=[
     ("Start from this chapter's `data_parallel` and look at the `dim` argument that `scatter` and `gather` take.",
      "この章の `data_parallel` から始め、`scatter` と `gather` が受け取る引数 `dim` を見てください。"),
     ("Pass the same `dim` to both scatter and gather; keep the line that drops replicas without a chunk.",
@@ -202,7 +202,7 @@ def _cases_03_3():
     return fixed + [[rng.randint(1, 20) for _ in range(rng.randint(2, 6))] for _ in range(10)]
 
 
-@exercise("03.3", title=("One loss from chunk losses", "チャンクの損失から 1つの損失へ"), apart=True, hints=[
+@exercise("03.3", title=("One loss from chunk losses", "チャンクの損失から 1つの損失へ"), hints=[
     ("Look at the proof section: the loss is the mean over the gathered output, i.e. over all rows.",
      "証明の節を見てください。損失は集約した出力、つまりすべての行についての平均です。"),
     ("A chunk's mean loss stands for as many rows as the chunk has: weight it by its size, and divide by the "

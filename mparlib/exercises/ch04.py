@@ -22,7 +22,7 @@ def _cases_04_1():
     return fixed + [(rng.randint(1, 16), rng.randint(1, 64)) for _ in range(30)]
 
 
-@exercise("04.1", title=("The bubble", "バブル"), apart=True, hints=[
+@exercise("04.1", title=("The bubble", "バブル"), hints=[
     ("Count the ticks of `pipeline_schedule(S, m)` and the ticks in which a given stage has work.",
      "`pipeline_schedule(S, m)` のティックの数と、あるステージに仕事があるティックの数を数えてください。"),
     ("There are m + S - 1 ticks in all; each stage works in m of them and idles in the others. The bubble is the "
@@ -102,7 +102,7 @@ def _their_split_04_2(answer, split_at):
     return seen
 
 
-@exercise("04.2", title=("A model split over two devices", "2つのデバイスに分けたモデル"), apart=True, hints=[
+@exercise("04.2", title=("A model split over two devices", "2つのデバイスに分けたモデル"), hints=[
     ("Look at `HybridModel` in 'A working version' and at the stages of 'Beyond the example: model parallelism'.",
      "「動くように直した版」の `HybridModel` と、「例の先へ: モデル並列」のステージを見てください。"),
     ("Register two submodules, `first` (layers before split_at) and `second` (the rest), each moved to its device; "
@@ -179,7 +179,7 @@ def _cases_04_3():
                     for _ in range(20)]
 
 
-@exercise("04.3", title=("A table's memory", "テーブルのメモリ"), apart=True, hints=[
+@exercise("04.3", title=("A table's memory", "テーブルのメモリ"), hints=[
     ("Look at the arithmetic cell of 'When does keeping a huge embedding table on the CPU pay?'.",
      "「巨大な埋め込みテーブルを CPU に置いて得をする条件」の計算のセルを見てください。"),
     ("Count float32 copies of the table: the weights, a dense gradient, and what the optimiser keeps per weight "

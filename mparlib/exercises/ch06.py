@@ -137,7 +137,7 @@ def average_child(module, name, seed=0, per_rank=4):
     return {"got": grads_of(model)}
 
 
-@exercise("06.1", title=("The gradient average by hand", "手で求める勾配の平均"), needs="processes", apart=True, hints=[
+@exercise("06.1", title=("The gradient average by hand", "手で求める勾配の平均"), needs="processes", hints=[
     ("Look at the formula of the section 'Two halves equal one whole': what does DDP do to every gradient during "
      "the backward pass?",
      "「半分ずつの計算と全体の計算の一致」の節の式を見てください。DDP は逆伝播の最中に各勾配に何をしているでしょうか。"),
@@ -247,7 +247,7 @@ def sampler_mistake(values, size, epochs, seed):
     return rank, None
 
 
-@exercise("06.2", title=("A new order every epoch", "エポックごとに新しい順序"), needs="processes", apart=True, hints=[
+@exercise("06.2", title=("A new order every epoch", "エポックごとに新しい順序"), needs="processes", hints=[
     ("Look at the section 'The sampler: each process its own share, a new order every epoch' and its cell.",
      "「サンプラー: 各プロセスに専用の担当分、エポックごとに新しい順序」の節とそのセルを見てください。"),
     ("A DistributedSampler built inside a worker reads the rank and the world size from the process group. The "
@@ -352,7 +352,7 @@ def save_model():
         return nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2))
 
 
-@exercise("06.3", title=("Rank 0's checkpoint", "ランク 0 のチェックポイント"), needs="processes", apart=True, hints=[
+@exercise("06.3", title=("Rank 0's checkpoint", "ランク 0 のチェックポイント"), needs="processes", hints=[
     ("Look at the section 'The chapter-5 experiment with 2 processes, a crash, and a resume': who writes the "
      "checkpoint, and how?",
      "「5章の実験を 2個のプロセスで: 障害と再開」の節を見てください。チェックポイントを書くのは誰で、どう書くでしょうか。"),

@@ -47,7 +47,7 @@ def linear_cases(seed=0, n=8):
     return cases
 
 
-@exercise("07.1", title=("The cost of a linear layer", "線形層のコスト"), apart=True, hints=[
+@exercise("07.1", title=("The cost of a linear layer", "線形層のコスト"), hints=[
     ("Look at `conv_cost` in the section 'The roofline of this model on your device': FLOPs from the shapes, bytes "
      "from what is read and written once.",
      "「このモデルのルーフライン」の節の `conv_cost` を見てください。FLOP は形状から、バイト数は 1回ずつ読み書きする"
@@ -111,7 +111,7 @@ def roofline(peak_tflops, bandwidth_gbs, intensity):
     return min(peak_tflops, bandwidth_gbs * intensity / 1e3)
 
 
-@exercise("07.2", title=("The roofline", "ルーフライン"), apart=True, hints=[
+@exercise("07.2", title=("The roofline", "ルーフライン"), hints=[
     ("Look at the first paragraph of 'The roofline of this model on your device'.",
      "「このモデルのルーフライン」の節の最初の段落を見てください。"),
     ("Two limits: the device's peak, and what memory can feed, bandwidth x intensity. A kernel gets the smaller "
@@ -169,7 +169,7 @@ def small_cnn(seed):
                          nn.Flatten(), nn.Linear(6 * 5 * 5, 10))
 
 
-@exercise("07.3", title=("FLOPs of a training step per image", "画像 1枚あたりの訓練ステップの FLOP"), apart=True, hints=[
+@exercise("07.3", title=("FLOPs of a training step per image", "画像 1枚あたりの訓練ステップの FLOP"), hints=[
     ("Look at the section 'What one image costs'.", "「画像 1枚あたりの計算量」の節を見てください。"),
     ("Count inside one FlopCounterMode block everything a training step computes: the forward pass, the loss "
      "and the backward pass; then share the count among the images of the batch.",

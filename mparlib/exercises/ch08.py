@@ -72,7 +72,7 @@ def gather_child(module, name, sizes):
 
 
 @exercise("08.1", title=("An all-gather from sends and receives", "送信と受信で作るオールギャザー"),
-          needs="processes", apart=True, hints=[
+          needs="processes", hints=[
     ("Look at the sections 'The vocabulary' (what all_gather leaves on every rank) and 'A ring all-reduce from "
      "sends and receives' (how two ranks exchange without waiting for each other).",
      "「通信の基本操作」の節（all_gather が各ランクに何を残すか）と「送信と受信で作るリング・オールリデュース」の節"
@@ -194,7 +194,7 @@ def scatter_key(got, n, rank, k):
     return None
 
 
-@exercise("08.2", title=("The ring's reduce-scatter", "リングのリデュース・スキャッター"), needs="processes", apart=True, hints=[
+@exercise("08.2", title=("The ring's reduce-scatter", "リングのリデュース・スキャッター"), needs="processes", hints=[
     ("Look at the section 'A ring all-reduce from sends and receives': its first phase is a reduce-scatter, and "
      "`mparlib.collectives.ring_schedule` lists which chunk each rank sends and receives at each step.",
      "「送信と受信で作るリング・オールリデュース」の節を見てください。その前半がリデュース・スキャッターで、"
@@ -266,7 +266,7 @@ def ring_seconds(nbytes, k, alpha, beta):
     return 2 * (k - 1) * alpha + 2 * (k - 1) / k * nbytes * beta
 
 
-@exercise("08.3", title=("The ring's time in the alpha-beta model", "α-β モデルでのリングの時間"), apart=True, hints=[
+@exercise("08.3", title=("The ring's time in the alpha-beta model", "α-β モデルでのリングの時間"), hints=[
     ("Look at the section 'What communication costs', the paragraph on the ring.",
      "「通信にかかる時間」の節の、リングについての段落を見てください。"),
     ("Count the ring's steps for k ranks (both phases), and the bytes one step moves over a link; every step pays "
@@ -339,7 +339,7 @@ def buckets_below_cap(grad_bytes, cap_bytes, first_cap_bytes=None):
     return buckets + [current] if current else buckets
 
 
-@exercise("08.4", title=("DDP's gradient buckets", "DDP の勾配のバケット"), apart=True, hints=[
+@exercise("08.4", title=("DDP's gradient buckets", "DDP の勾配のバケット"), hints=[
     ("Look at the section 'Inside DDP': in which order are gradients packed, and when is a bucket full?",
      "「DDP の中」の節を見てください。勾配はどの順に詰められ、バケットはいつ満杯になるでしょうか。"),
     ("Go through the gradients in the order they become ready (the order given). Add each to the open bucket; as "

@@ -31,7 +31,7 @@ def zero_total(n_params, world, stage, per_parameter, shift=0, everything=None):
     return total
 
 
-@exercise("09.1", title=("Bytes per rank under ZeRO", "ZeRO でのランクあたりのバイト数"), apart=True, hints=[
+@exercise("09.1", title=("Bytes per rank under ZeRO", "ZeRO でのランクあたりのバイト数"), hints=[
     ("Look at the section 'Where the memory goes' and `mparlib.sharding.zero_bytes_per_rank`'s docstring: what "
      "does each stage shard?",
      "「メモリの内訳」の節と `mparlib.sharding.zero_bytes_per_rank` の説明を見てください。各ステージは何を"
@@ -114,7 +114,7 @@ def reference_shards(tensors, world):
     return list(padded.split(size))
 
 
-@exercise("09.2", title=("Shard a flat parameter", "フラットなパラメータのシャーディング"), apart=True, hints=[
+@exercise("09.2", title=("Shard a flat parameter", "フラットなパラメータのシャーディング"), hints=[
     ("Look at `mparlib.sharding.ShardedOptimizer` in the section 'ZeRO from primitives': how does it cut the "
      "parameters among the ranks?",
      "「プリミティブから作る ZeRO」の節の `mparlib.sharding.ShardedOptimizer` を見てください。パラメータを"
@@ -156,7 +156,7 @@ def check_09_2(answer):
                     "割り切れない合計でも、各ランクのシャードはゼロで埋めたフラットなバッファのそのランクのスライスでした。"))
 
 
-@exercise("09.3", title=("Back from the shards", "シャードからの復元"), apart=True, hints=[
+@exercise("09.3", title=("Back from the shards", "シャードからの復元"), hints=[
     ("This is what the all-gather of ZeRO's step undoes (section 'ZeRO from primitives'): the ranks' shards, in "
      "rank order, make the padded flat buffer.",
      "これは ZeRO のステップのオールギャザーが元に戻すものです（「プリミティブから作る ZeRO」の節）。ランクの順に"
@@ -273,7 +273,7 @@ def zero_mistake(values, expected, before, index):
     return None
 
 
-@exercise("09.4", title=("A ZeRO step", "ZeRO のステップ"), needs="processes", apart=True, hints=[
+@exercise("09.4", title=("A ZeRO step", "ZeRO のステップ"), needs="processes", hints=[
     ("Look at `mparlib.sharding.ShardedOptimizer.step` in the section 'ZeRO from primitives': three steps.",
      "「プリミティブから作る ZeRO」の節の `mparlib.sharding.ShardedOptimizer.step` を見てください。3つの段階が"
      "あります。"),

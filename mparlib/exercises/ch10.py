@@ -62,7 +62,7 @@ def row_key(got, x, linear, rank, world):
     return None
 
 
-@exercise("10.1", title=("A row-parallel linear layer", "行並列の線形層"), needs="processes", apart=True, hints=[
+@exercise("10.1", title=("A row-parallel linear layer", "行並列の線形層"), needs="processes", hints=[
     ("Look at the section 'Splitting one layer: columns and rows', the row-parallel case, and the cell after it.",
      "「1つの層の分け方: 列と行」の節の行並列の場合と、そのあとのセルを見てください。"),
     ("Rank r keeps the columns r*in/n to (r+1)*in/n of the weight and reads only the matching input features. Its "
@@ -135,7 +135,7 @@ def order_key(got, stage, p, m):
     return None
 
 
-@exercise("10.2", title=("The 1F1B order of a stage", "ステージの 1F1B の順序"), apart=True, hints=[
+@exercise("10.2", title=("The 1F1B order of a stage", "ステージの 1F1B の順序"), hints=[
     ("Look at the section 'Pipelines across processes': what does `Schedule1F1B` do differently from "
      "`ScheduleGPipe`, and how many micro-batches does a rank hold at most?",
      "「プロセスをまたぐパイプライン」の節を見てください。`Schedule1F1B` は `ScheduleGPipe` と何が違い、1つのランクが"
@@ -187,7 +187,7 @@ def check_10_2(answer):
 
 
 # ---- 10.3: the bubble ------------------------------------------------------------------------------------------
-@exercise("10.3", title=("The bubble", "バブル"), apart=True, hints=[
+@exercise("10.3", title=("The bubble", "バブル"), hints=[
     ("Look at the section 'The bubble, measured' and the summary.", "「バブルの測定」の節とまとめを見てください。"),
     ("Each of the p ranks is busy for m micro-batches' worth of work out of a step that lasts m + p - 1 of them; "
      "the bubble is the idle share of the step.",

@@ -27,7 +27,7 @@ def merge_cases(seed=0):
     return cases
 
 
-@exercise("11.1", title=("Merging two partial attentions", "2つの部分的なアテンションの合わせ方"), apart=True, hints=[
+@exercise("11.1", title=("Merging two partial attentions", "2つの部分的なアテンションの合わせ方"), hints=[
     ("Look at the section 'Combining partial attentions: the log-sum-exp rule'.",
      "「部分的なアテンションの合わせ方: log-sum-exp の規則」の節を見てください。"),
     ("Each part is softmax over its own keys. Over both sets the softmax denominator is exp(lse_a) + exp(lse_b), so "
@@ -102,7 +102,7 @@ def _positions(got):
         return None
 
 
-@exercise("11.2", title=("The balanced causal split", "負荷を均した因果的な分割"), apart=True, hints=[
+@exercise("11.2", title=("The balanced causal split", "負荷を均した因果的な分割"), hints=[
     ("Look at the section 'Causal attention and the balanced split'.",
      "「因果的アテンションと負荷を均した分割」の節を見てください。"),
     ("Cut the sequence into 2N equal chunks; a rank takes one early chunk and the matching late one, so the short and "
@@ -169,7 +169,7 @@ def check_11_2(answer):
 
 
 # ---- 11.3: the split sizes of an expert layer's all-to-all -------------------------------------------------------
-@exercise("11.3", title=("The split sizes of the dispatch", "配送の分割の大きさ"), apart=True, hints=[
+@exercise("11.3", title=("The split sizes of the dispatch", "配送の分割の大きさ"), hints=[
     ("Look at the section 'Experts on different ranks': which rank holds which experts?",
      "「ランクごとに異なるエキスパート」の節を見てください。どのランクがどのエキスパートを持つでしょうか。"),
     ("With E experts on N ranks, rank d holds experts d*E/N to (d+1)*E/N - 1, in order; count this rank's rows by "

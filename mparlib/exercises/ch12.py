@@ -27,7 +27,7 @@ def first_wrong(answer, cases, reference, hypotheses, describe, rel=1e-9):
 
 
 # ---- 12.1: the interleaved bubble ------------------------------------------------------------------------------
-@exercise("12.1", title=("The interleaved bubble", "インターリーブのバブル"), apart=True, hints=[
+@exercise("12.1", title=("The interleaved bubble", "インターリーブのバブル"), hints=[
     ("Look at the section 'Schedules beyond 1F1B', and at chapter 10's bubble: what changes when each rank holds v "
      "smaller stages instead of one?",
      "「1F1B の先のスケジュール」の節と、10章のバブルを見てください。各ランクが 1つのステージの代わりに v 個の小さな"
@@ -76,7 +76,7 @@ def state_reference(n_params, dp, tp, pp, stage):
     return sum(zero_bytes_per_rank(n_params / (tp * pp), dp, stage).values())
 
 
-@exercise("12.2", title=("A layout's training state per rank", "レイアウトのランクあたりの訓練状態"), apart=True, hints=[
+@exercise("12.2", title=("A layout's training state per rank", "レイアウトのランクあたりの訓練状態"), hints=[
     ("Look at the section 'A layout planner', and at chapter 9's ZeRO stages.",
      "「レイアウトのプランナー」の節と、9章の ZeRO のステージを見てください。"),
     ("Tensor and pipeline parallelism split the model itself: a rank holds n / (tp pp) of the parameters, with their "
@@ -137,7 +137,7 @@ def in_flight_reference(schedule, stage, num_stages, micro_batches):
     return most
 
 
-@exercise("12.3", title=("Micro-batches in flight", "処理中のマイクロバッチ"), apart=True, hints=[
+@exercise("12.3", title=("Micro-batches in flight", "処理中のマイクロバッチ"), hints=[
     ("Look at the activation memory of the schedules in this chapter and at exercise 10.2's order of 1F1B.",
      "この章のスケジュールごとの活性化のメモリと、練習問題 10.2 の 1F1B の順序を見てください。"),
     ("A micro-batch's activations stay from its forward until its backward on that stage. Walk through the order of "

@@ -3,17 +3,15 @@
 A chapter's module (``mparlib/exercises/chNN.py``) registers one check function per exercise with
 :func:`exercise`; :func:`check` finds it from the exercise number alone (``"08.2"`` imports ``chNN`` = ``ch08``),
 so a new chapter needs no central list. A check function receives the learner's answer and returns an
-:class:`Outcome` (:func:`right`, :func:`wrong`, :func:`cannot_run`); it reaches the learner's code only through
-:func:`call` (one process) or :func:`run_ranks` (fresh processes), which turn the learner's own failure into a
-"not attempted" or an "error" outcome. Anything else a check function raises is the check's fault, and is
+:class:`Outcome` (:func:`right`, :func:`wrong`, :func:`cannot_run`). It runs in the kernel and reaches the
+learner's code only through :func:`call`, :func:`call_each`, :func:`in_worker` (a clean worker process, see
+:mod:`~mparlib.exercises.sandbox`) or ``ch06.run_children`` (ranks started from such a worker), which bring back
+plain data and turn the learner's own failure into a "not attempted", "wrong" or "error" outcome. Anything else a check function raises is the check's fault, and is
 reported as such, with its traceback, never as a wrong answer. Explained in 01_dataparallel.
 """
 import ast
-import contextlib
-import ctypes
 import importlib
 import inspect
-import io
 import math
 import os
 import pickle
@@ -22,9 +20,7 @@ import signal
 import sys
 import tempfile
 import textwrap
-import time
 import traceback
-import warnings
 from dataclasses import dataclass
 from html import escape
 from pathlib import Path
@@ -80,7 +76,6 @@ class Exercise:
     needs: str | None = None
     title: tuple | None = None
     limit: float = 30.0
-    apart: bool = False
 
     def hint_text(self, level):
         """The hint of ``level`` (1 = where to look ... last = one step short of the code), in the learner's
@@ -100,15 +95,16 @@ SHOWN = {}  # number -> the last hint level hint() showed
 LIMITS = {None: 30.0, "gpu": 30.0, "processes": 240.0}  # seconds a whole check may run (about 10x its longest here)
 
 
-def exercise(number, hints, mistakes=None, needs=None, title=None, limit=None, apart=False):
+def exercise(number, hints, mistakes=None, needs=None, title=None, limit=None):
     """Register the decorated function as the check of exercise ``number`` ("01.1"). For check authors: see the package docstring.
 
     ``hints``: two or more ``(en, ja)`` pairs, level 1 first (where to look), the last one step short of the code,
     never the answer. ``mistakes``: ``{key: (en, ja)}``, the hint for each likely mistake a :func:`wrong` outcome
     can name.
     ``needs``: ``None``, ``"gpu"`` (else the outcome is "cannot run here") or ``"processes"`` (distributed).
-    ``limit``: seconds the whole check may run before its process is ended (default: :data:`LIMITS` by ``needs``).
-    ``apart``: the check runs in the kernel and every :func:`call` of the learner's code in a clean worker process
+    ``limit``: seconds the check may spend in the learner's code, which is then ended (default: :data:`LIMITS` by
+    ``needs``). Every check is judged apart: it runs in the kernel, and the learner's code (reached through
+    :func:`call`, :func:`call_each`, :func:`in_worker` or ``ch06.run_children``) in clean worker processes
     (:mod:`~mparlib.exercises.sandbox`): the check's values and verdict stay out of the answer's reach.
     """
     if not (isinstance(number, str) and NUMBER.match(number)):
@@ -121,7 +117,7 @@ def exercise(number, hints, mistakes=None, needs=None, title=None, limit=None, a
 
     def register(fn):
         REGISTRY[number] = Exercise(number, fn, list(hints), dict(mistakes or {}), needs, title,
-                                    float(limit or LIMITS[needs]), bool(apart))
+                                    float(limit or LIMITS[needs]))
         return fn
 
     return register
@@ -382,12 +378,8 @@ def decide(ex, answer, options):
                              "わけではありません。GPU のあるマシンでチェックしてください。"))
     if callable(answer) and is_starter(answer):
         return not_attempted()
-    if ex.apart:
-        with sandbox.judged_apart(ex.limit):
-            return judge(ex, answer, options)
-    if not killable():
+    with sandbox.judged_apart(ex.limit), torch.random.fork_rng(devices=[]):  # the learner's generator untouched
         return judge(ex, answer, options)
-    return judge_in_child(ex, answer, options)
 
 
 def judge(ex, answer, options):
@@ -408,102 +400,6 @@ def judge(ex, answer, options):
             "The check itself failed: this is not a verdict on your answer. Please report it with the text below.",
             "チェック自体が失敗しました。あなたの答えの判定ではありません。下の内容を添えて報告してください。"),
             details="".join(traceback.format_exception(e)))
-
-
-def killable():
-    """True where a check can run in a forked copy of this process, which the kernel ends at the check's limit: on
-    Linux, before this process has used CUDA (a forked child cannot use CUDA its parent initialised). Elsewhere
-    the check runs in the kernel itself, unbounded."""
-    return sys.platform.startswith("linux") and not torch.cuda.is_initialized()
-
-
-CRASHES = {signal.SIGSEGV, signal.SIGBUS, signal.SIGABRT, signal.SIGILL, signal.SIGFPE}
-
-
-def judge_in_child(ex, answer, options):
-    """:func:`judge` in a forked copy of this process, ended (with everything it started) at ``ex.limit`` seconds,
-    whatever the learner's code catches or ignores; what it printed is printed here.
-
-    A copy that crashes (a signal such as SIGSEGV) is forked once more within the same limit: native libraries do
-    not all survive a fork of a process whose threads used them (seen once: MKL in threads of ``parallel_apply``).
-    """
-    deadline = time.monotonic() + ex.limit
-    for _ in range(2):
-        saved, code = judge_once(ex, answer, options, deadline)
-        if saved is not None or code is None or -code not in CRASHES:
-            break
-    if saved is None and code is None:
-        return wrong(tr(f"Your function was still running {ex.limit:g} s after the check started, so the check "
-                        "ended it.",
-                        f"チェックの開始から {ex.limit:g} 秒たっても関数が実行中だったので、チェックが終了させ"
-                        "ました。"), "stuck")
-    if saved is None:
-        how = tr(f"signal {-code}", f"シグナル {-code}") if code < 0 else tr(f"exit code {code}", f"終了コード {code}")
-        return Outcome("error", tr(f"Your code ended the process that ran the check ({how}): do not call sys.exit, "
-                                   "os._exit or anything that ends Python inside the function.",
-                                   f"あなたのコードが、チェックを実行していたプロセスを終了させました（{how}）。関数の"
-                                   "中で sys.exit や os._exit など Python を終わらせるものを呼ばないでください。"))
-    outcome, printed = saved
-    if printed:
-        print(printed, end="" if printed.endswith("\n") else "\n")
-    return outcome
-
-
-def judge_once(ex, answer, options, deadline):
-    """One forked copy judging: ``(saved outcome and printed text, None)``; ``(None, exit code)`` when it ended
-    without an outcome (negative: the signal); ``(None, None)`` when it was still running at ``deadline``."""
-    with tempfile.TemporaryDirectory(prefix="mparlib-check-") as box:  # private (0700): only the child writes here
-        with warnings.catch_warnings():  # Python 3.12 warns that forking a threaded process may deadlock: the child
-            warnings.simplefilter("ignore", DeprecationWarning)  # runs one thread and ends by os._exit
-            pid = os.fork()
-        if pid == 0:
-            child(ex, answer, options, box)  # never returns
-        with contextlib.suppress(OSError):
-            os.setpgid(pid, pid)  # (the child does the same: whichever runs first)
-        ended, code = False, 0
-        try:
-            ended = wait_for(pid, deadline)
-        finally:
-            with contextlib.suppress(OSError):
-                os.killpg(pid, signal.SIGKILL)  # the child and whatever it started; the child, not yet reaped,
-            with contextlib.suppress(ChildProcessError):  # keeps its group's number from being reused
-                code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
-        if not ended:
-            return None, None
-        path = Path(box) / "outcome.pkl"
-        return (pickle.loads(path.read_bytes()), None) if path.exists() else (None, code)
-
-
-def wait_for(pid, deadline):
-    """``True`` once child ``pid`` has ended (left unreaped), or ``None`` if it is still running at ``deadline``."""
-    while os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
-        if time.monotonic() >= deadline:
-            return None
-        time.sleep(0.02)
-    return True
-
-
-def child(ex, answer, options, box):
-    """The forked child's whole life: judge, save the outcome and what was printed, end by ``os._exit``."""
-    code = 1
-    try:
-        os.setpgid(0, 0)
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: the kernel gone, the check goes too
-        torch.set_num_threads(1)  # OpenMP's threads do not survive a fork: a child that used them would hang
-        printed = io.StringIO()
-        sys.stdout = sys.stderr = printed
-        try:
-            outcome = judge(ex, answer, options)
-        except (SystemExit, KeyboardInterrupt):
-            outcome = Outcome("error", tr(
-                "Your code ended the process that ran the check (SystemExit): do not call sys.exit or exit() inside "
-                "the function.", "あなたのコードが、チェックを実行していたプロセスを終了させようとしました"
-                "（SystemExit）。関数の中で sys.exit や exit() を呼ばないでください。"))
-        atomic_write_bytes(Path(box) / "outcome.pkl", pickle.dumps((outcome, printed.getvalue())))
-        code = 0
-    finally:
-        os._exit(code)
 
 
 def hint(number, level=None):

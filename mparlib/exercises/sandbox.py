@@ -19,6 +19,7 @@ import contextlib
 import contextvars
 import ctypes
 import io
+import linecache
 import multiprocessing
 import os
 import signal
@@ -26,6 +27,7 @@ import sys
 import tempfile
 import time
 import traceback
+import types
 import warnings
 from pathlib import Path
 
@@ -74,6 +76,47 @@ def judged_apart(limit):
         yield
     finally:
         DEADLINE.reset(token)
+
+
+# ---- The call, and the learner's source with it ----------------------------------------------------------------------
+class _Pickler(cloudpickle.Pickler):
+    """``cloudpickle``, keeping the file name of the code it sends by value (cloudpickle writes ``<dynamic-code>``)
+    and noting each, so that the worker's tracebacks show the learner's lines."""
+
+    def __init__(self, file):
+        super().__init__(file)
+        self.files = set()
+
+    def reducer_override(self, obj):
+        reduce_code = getattr(cloudpickle.cloudpickle, "_code_reduce", None)
+        if isinstance(obj, types.CodeType) and reduce_code is not None:
+            self.files.add(obj.co_filename)
+            kind, args = reduce_code(obj)
+            if "<dynamic-code>" in args:
+                args = list(args)
+                args[args.index("<dynamic-code>")] = obj.co_filename
+                args = tuple(args)
+            return kind, args
+        return super().reducer_override(obj)
+
+
+def _dumps(driver, args, kwargs):
+    """The call as bytes, with the source lines that this process knows of the files its code came from (a notebook's
+    cells live only in this process's ``linecache``)."""
+    buffer = io.BytesIO()
+    pickler = _Pickler(buffer)
+    pickler.dump((driver, args, kwargs))
+    sources = {name: lines for name in sorted(pickler.files) if (lines := linecache.getlines(name))}
+    return cloudpickle.dumps((buffer.getvalue(), sources))
+
+
+def _loads(data):
+    """The call sent by :func:`_dumps`, once its source lines are where tracebacks look for them."""
+    call, sources = cloudpickle.loads(data)
+    for name, lines in sources.items():
+        if isinstance(name, str) and isinstance(lines, list) and not os.path.exists(name):
+            linecache.cache[name] = (sum(map(len, lines)), None, lines, name)  # no mtime: never reread
+    return cloudpickle.loads(call)
 
 
 # ---- In the worker --------------------------------------------------------------------------------------------------
@@ -152,7 +195,7 @@ def _entry(box, parent, env):
         os.dup2(log.fileno(), 1)  # print and C-level output alike, read and shown by the kernel as they come
         os.dup2(log.fileno(), 2)
         sys.stdout = sys.stderr = log
-        driver, args, kwargs = cloudpickle.loads((box / CALL).read_bytes())
+        driver, args, kwargs = _loads((box / CALL).read_bytes())
         reply = _reply(driver, args, kwargs)
         part = box / (REPLY + ".part")
         torch.save(reply, part)
@@ -196,7 +239,7 @@ def run_apart(driver, *args, **kwargs):
 
     started_at, deadline, limit = DEADLINE.get() or (time.monotonic(), time.monotonic() + 30.0, 30.0)
     try:
-        payload = cloudpickle.dumps((driver, args, kwargs))
+        payload = _dumps(driver, args, kwargs)
     except Exception as e:  # noqa: BLE001 - cloudpickle fails in many ways
         raise Stop(Outcome("error", tr(
             f"Your function could not be sent to the process that runs it ({type(e).__name__}: {e}). It travels "

@@ -632,12 +632,12 @@ check("05.2", steps_per_epoch)
 # Write `images_per_second(net, X, y)`: measure how many images per second plain SGD steps
 # (`train_step`, learning rate 0.01, cross-entropy loss) train `net` on the batch `(X, y)` on this machine. The
 # check gives you a small network and a batch of 256 images, measures the same thing itself just before and just
-# after your function runs (with one CPU thread for all three measurements), and accepts a value within a factor of 3 of its
-# measurements. Your answer is a measurement, so it differs from machine to machine.
+# after your function runs (each of the three measurements in a fresh process, on one CPU thread), and accepts a value
+# within a factor of 3 of its measurements. Your answer is a measurement, so it differs from machine to machine.
 # <!-- ja -->
 # ### 練習問題 05.3: このマシンのスループット
 #
-# ふつうの SGD のステップ（`train_step`、学習率 0.01、交差エントロピー損失）が、このマシンでバッチ `(X, y)` を使って `net` を 1秒あたり何枚の画像で訓練できるかを測る `images_per_second(net, X, y)` を書いてください。チェックは小さなネットワークと 256枚の画像のバッチを渡し、あなたの関数の直前と直後に同じものを自分でも測り（3回とも CPU のスレッド 1本で測ります）、その 3倍の範囲に収まる値を正解とします。答えは測定値なので、マシンごとに違います。
+# ふつうの SGD のステップ（`train_step`、学習率 0.01、交差エントロピー損失）が、このマシンでバッチ `(X, y)` を使って `net` を 1秒あたり何枚の画像で訓練できるかを測る `images_per_second(net, X, y)` を書いてください。チェックは小さなネットワークと 256枚の画像のバッチを渡し、あなたの関数の直前と直後に同じものを自分でも測り（3回の測定はそれぞれ新しいプロセスで、CPU のスレッド 1本で行います）、その 3倍の範囲に収まる値を正解とします。答えは測定値なので、マシンごとに違います。
 
 # %%
 # Exercise 05.3: starter
