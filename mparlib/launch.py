@@ -309,8 +309,9 @@ def _start_method():
     interpreter that imports PyTorch, ``torch._dynamo`` and this module once and then forks a rank per request. A
     rank is then as clean as a spawned one (nothing of the launcher's state, CUDA never touched before it), without
     paying for ``import torch`` again on every launch, nor for ``torch._dynamo``, which DDP, FSDP and DTensor import
-    on first use (1.1-1.3 s and 150 MB of memory a process on a 2-core machine here; the import starts no thread). It ends with the launcher, and is replaced when a variable read at import has
-    changed since it started (see ``_SERVER_ENVIRONMENT``)."""
+    on first use (1.1-1.3 s and 150 MB of memory a process on a 2-core machine here; the import starts no thread).
+    It ends with the launcher, and is replaced when a variable read at import has changed since it started (see
+    ``_SERVER_ENVIRONMENT``)."""
     if _FORK_HERE.get() and threading.active_count() == 1:
         return "fork"
     if "forkserver" not in multiprocessing.get_all_start_methods():
