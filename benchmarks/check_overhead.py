@@ -7,8 +7,9 @@ check of a kernel also pays for starting the fork server.
 Measures, in a Jupyter kernel of the course (the place learners run checks; nbclient starts it), the wall time of
 ``check(number, solution)`` judged apart and of the same check function run in the kernel with the learner's code
 called directly (``core.judge`` with nothing apart: no process, no limit), exercise by exercise in turn, round by
-round, for 01.1 (40 cases in one worker), 01.3 (a driver: one SGD step through data_parallel) and 03.2 (outputs and
-gradients of three cases, three workers). Reported per exercise: medians, quartiles and the overhead (the difference
+round, for 01.1 (40 cases in one worker), 01.3 (a driver: one SGD step through data_parallel), 03.2 (outputs and
+gradients of three cases, three workers) and 06.1 (distributed: 2 and then 3 ranks, forked from the check's worker
+when apart, started from the kernel's fork server when not). Reported per exercise: medians, quartiles and the overhead (the difference
 of the medians); and the first check of the kernel. Hardware, software, load and the git commit are saved in
 benchmarks/results/check_overhead-HOST-TIME.json.
 
@@ -27,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 import record  # noqa: E402  (benchmarks/record.py: machine, software, commit, saving)
 
-NUMBERS = ("01.1", "01.3", "03.2")
+NUMBERS = ("01.1", "01.3", "03.2", "06.1")
 
 KERNEL_CODE = """
 import json, statistics, sys, time
@@ -35,7 +36,8 @@ sys.path.insert(0, {root!r})
 from mparlib.exercises import check, core
 from solutions.ch01 import SOLUTIONS as S1
 from solutions.ch03 import SOLUTIONS as S3
-answers = {{**S1, **S3}}
+from solutions.ch06 import SOLUTIONS as S6
+answers = {{**S1, **S3, **S6}}
 start = time.perf_counter()
 assert check("01.1", answers["01.1"]).ok
 first = time.perf_counter() - start
