@@ -43,16 +43,11 @@ def learner_function(module, name):
     return fn
 
 
-def run_child(answer, child, nproc, args=(), kwargs=None, timeout=20, limit=45):
-    """Run ``child(module, name, *args, **kwargs)`` on ``nproc`` fresh processes, where ``module.name`` is the
-    learner's ``answer``; return each rank's value (raise if the check's own child failed). For check authors: see the
-    package docstring."""
-    return run_children(answer, child, [(nproc, tuple(args))], kwargs, timeout, limit)[0]
-
-
 def run_children(answer, child, runs, kwargs=None, timeout=20, limit=45):
-    """:func:`run_child` once per ``(nproc, args)`` of ``runs``, one run after the other (e.g. 2 and then 3
-    processes, so that a hard-coded world size is wrong); a list of each run's rank values.
+    """Run ``child(module, name, *args, **kwargs)`` on ``nproc`` fresh processes, where ``module.name`` is the
+    learner's ``answer``, once per ``(nproc, args)`` of ``runs``, one run after the other (e.g. 2 and then 3
+    processes, so that a hard-coded world size is wrong); a list of each run's rank values (a fault of the check's
+    own child raises).
 
     Judged apart, the runs start from one clean worker, which sends back the ranks' values as plain data: the check
     in the kernel holds the expected values, which a child never computes (the learner's code shares its process).
