@@ -490,6 +490,8 @@ def test_a_distributed_check_keeps_its_expected_values_out_of_the_ranks_and_vari
         outcome = check(number, answer)
         assert (outcome.status, outcome.hint_key) == ("wrong", key), (number, repr(outcome)[:400])
     assert "With 2 processes" in check("06.1", p6.divide_by_three).message  # wrong where 3 would have passed
+    forged = check("06.2", p6.forge_the_reply)  # a rank that replaces its worker's reply with no runs at all
+    assert forged.status == "error" and "2 results were due and 0 came back" in forged.message
 
 
 @pytest.mark.slow

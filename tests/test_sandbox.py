@@ -111,6 +111,22 @@ def test_a_forged_reply_runs_no_code_in_the_kernel(apart_exercise, tmp_path):
     assert not marker.exists()
 
 
+def test_a_forged_reply_with_fewer_values_than_cases_is_not_a_right_answer(apart_exercise):
+    """An empty list of values, forged in the worker's place: a comparison over what came back would find no case
+    wrong, so the check counts what came back first."""
+    forger = notebook("""
+    def forge(x):
+        frame = sys._getframe()
+        while "box" not in frame.f_locals:  # up to the worker's entry, which knows the reply's folder
+            frame = frame.f_back
+        torch.save({"kind": "value", "value": []}, os.path.join(str(frame.f_locals["box"]), "reply.pt"))
+        os._exit(0)  # before the worker replaces the reply with its own
+    """)
+    number = apart_exercise(lambda answer: core.compare_cases(answer, [(1,), (2,), (3,)], lambda x: x * 2))
+    outcome = check(number, forger.forge)
+    assert outcome.status == "error" and "3 results were due and 0 came back" in outcome.message
+
+
 def test_the_worker_starts_clean_of_what_the_kernel_did(apart_exercise):
     seen = []
     number = apart_exercise(lambda a: seen.append(core.call(a)) or core.right())

@@ -23,7 +23,7 @@ from .. import launch
 from ..lang import tr
 from . import sandbox
 from .core import Stop, exercise, first_mismatch, importable, is_starter, mismatch_text, not_attempted, right, \
-    run_ranks, wrong
+    run_ranks, whole, wrong
 
 
 # ---- Helpers shared by the distributed checks of chapters 06-10 ------------------------------------------------
@@ -57,7 +57,9 @@ def run_children(answer, child, runs, kwargs=None, timeout=20, limit=45):
     module, name = importable(answer)
     runs = [(int(n), tuple(a)) for n, a in runs]
     if sandbox.apart():
-        return sandbox.run_apart(ranks_in_worker, module, name, child, runs, kwargs, timeout, limit, True)
+        out = whole(sandbox.run_apart(ranks_in_worker, module, name, child, runs, kwargs, timeout, limit, True),
+                    len(runs))
+        return [whole(values, nproc) for (nproc, _), values in zip(runs, out)]
     return ranks_in_worker(module, name, child, runs, kwargs, timeout, limit)
 
 

@@ -316,8 +316,25 @@ def call_each(fn, cases):
     if not callable(fn):
         call(fn)  # says what to pass instead
     if sandbox.apart():
-        return sandbox.run_apart(_call_each, fn, list(cases))
+        return whole(sandbox.run_apart(_call_each, fn, list(cases)), len(cases))
     return [call(fn, *case) for case in cases]
+
+
+def whole(values, count):
+    """``values`` when it is a list of ``count`` values, as a worker sends it; else the check ends with an error: the
+    learner's code replaced the worker's reply (a check that compared what came would find nothing wrong in an empty
+    list). For check authors: see the package docstring."""
+    if isinstance(values, list) and len(values) == count:
+        return values
+    if isinstance(values, (list, tuple)):
+        got_en, got_ja = f"{len(values)} came back", f"{len(values)}個しか返ってきませんでした"
+    else:
+        got_en, got_ja = f"a {type_name(values)} came back", f"{type_name(values)} が返ってきました"
+    raise Stop(Outcome("error", tr(
+        f"Your code interfered with the process that ran it: {count} results were due and {got_en}. Return your "
+        "values from the function; do not write the check's files or end its processes.",
+        f"あなたのコードが、それを実行したプロセスに干渉しました。結果は {count}個のはずが、{got_ja}。値は関数から"
+        "返し、チェックのファイルを書いたりそのプロセスを終了させたりしないでください。")))
 
 
 def _call_each(fn, cases):

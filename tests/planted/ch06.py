@@ -47,6 +47,17 @@ def copy_from_the_check(model):  # 06.1 -> no_all_reduce: looks for the expected
                 return
 
 
+def forge_the_reply(dataset, num_epochs, seed=0):  # 06.2: replaces the check worker's reply with no runs at all
+    """Writes the reply of the worker that started the ranks (whose frames a forked rank shares) and kills that
+    worker: a check that compared the runs that came back would find none wrong."""
+    frame = sys._getframe()
+    while frame.f_globals.get("__name__") != "mparlib.exercises.sandbox" or "box" not in frame.f_locals:
+        frame = frame.f_back
+    torch.save({"kind": "value", "value": []}, os.path.join(str(frame.f_locals["box"]), "reply.pt"))
+    os.kill(os.getppid(), 9)
+    return []
+
+
 def shares_without_set_epoch(dataset, num_epochs, seed=0):  # 06.2 -> forgot_set_epoch
     sampler = DistributedSampler(dataset, shuffle=True, seed=seed)
     return [list(sampler) for _ in range(num_epochs)]
