@@ -290,10 +290,8 @@ _FORK_HERE = contextvars.ContextVar("mparlib_fork_here", default=False)
 def _forking_here():
     """Within this block, a launch from this process forks its ranks from it directly: for a process that is itself a
     fresh copy of a fork server, has one thread and has not computed yet (an exercise's worker starting the ranks of
-    a check), where starting a fork server of its own would cost seconds for the same clean state."""
-    if sys.platform != "linux" or threading.active_count() != 1:
-        yield
-        return
+    a check), where starting a fork server of its own would cost seconds for the same clean state. Only on Linux and
+    while the process has one thread (:func:`_start_method` decides at each launch)."""
     token = _FORK_HERE.set(True)
     try:
         yield
@@ -312,7 +310,7 @@ def _start_method():
     on first use (1.1-1.3 s and 150 MB of memory a process on a 2-core machine here; the import starts no thread).
     It ends with the launcher, and is replaced when a variable read at import has changed since it started (see
     ``_SERVER_ENVIRONMENT``)."""
-    if _FORK_HERE.get() and threading.active_count() == 1:
+    if _FORK_HERE.get() and sys.platform == "linux" and threading.active_count() == 1:
         return "fork"
     if "forkserver" not in multiprocessing.get_all_start_methods():
         return "spawn"
