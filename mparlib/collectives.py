@@ -49,6 +49,13 @@ class RingStep:
     recv: tuple
     bounds: tuple
 
+    def label(self):
+        """The phase's name as a reader of the current language calls it (GLOSSARY.md), for the tables and the
+        figures of the ring. Explained in 08_collectives."""
+        if self.phase == "reduce-scatter":
+            return tr("reduce-scatter", "リデュース・スキャッター")
+        return tr("all-gather", "オールギャザー")
+
 
 def ring_schedule(n, k):
     """The ``2(k-1)`` steps of a ring all-reduce of ``n`` elements over ``k`` ranks. Explained in 08_collectives.

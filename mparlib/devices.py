@@ -2,15 +2,16 @@
 
 Device choice lives here, in one place; every chapter asks these functions. Explained in 00_setup.
 """
+import importlib.metadata
 import os
 import platform
-import unicodedata
+import re
 
 import torch
 
 from .checks import one_of, positive_int
-from .errors import DeviceError
-from .lang import tr
+from .errors import ConfigError, DeviceError
+from .lang import table, tr
 
 PROFILES = ("smoke", "full")
 
@@ -160,20 +161,36 @@ def profile_line():
               f"コースのプロファイル: {p}。変更するには Jupyter を起動する前に MPARLIB_PROFILE={other} を設定します。")
 
 
-def display_width(text):
-    """Columns ``text`` takes in a terminal: East Asian wide and full-width characters count 2. Explained in 08_collectives."""
-    return sum(2 if unicodedata.east_asian_width(c) in "WF" else 0 if unicodedata.combining(c) else 1 for c in str(text))
+def _torch_floor():
+    """The oldest torch the course supports, read from the installed package's requirements (pyproject.toml's
+    ``torch>=X.Y``), as ``(X, Y)``. Explained in 12_planning."""
+    try:
+        requires = importlib.metadata.requires("mparlib") or []
+    except importlib.metadata.PackageNotFoundError:
+        raise ConfigError(tr("mparlib is not installed, so its torch requirement is unknown: run `make install` in the "
+                             "course's folder.",
+                             "mparlib がインストールされていないので、必要な torch のバージョンがわかりません。コースのフォルダで "
+                             "`make install` を実行してください。")) from None
+    for requirement in requires:
+        found = re.fullmatch(r"torch\s*>=\s*(\d+)\.(\d+)[\d.]*", requirement.strip())
+        if found:
+            return int(found.group(1)), int(found.group(2))
+    raise ConfigError(tr(f"mparlib's requirements name no torch>=X.Y floor: {requires}",
+                         f"mparlib の依存関係に torch>=X.Y の下限がありません: {requires}"))
 
 
-def pad(text, width, align="<"):
-    """``text`` padded with spaces to ``width`` display columns (``align`` ``"<"`` or ``">"``). Explained in 08_collectives.
-
-    ``f"{text:<10}"`` counts characters, so a Japanese label of 5 characters, 10 columns wide, ends a table's column
-    5 columns too late; this counts columns (:func:`display_width`).
-    """
-    text = str(text)
-    fill = " " * max(0, width - display_width(text))
-    return text + fill if one_of(align, "align", ("<", ">"), "pad") == "<" else fill + text
+def check_torch(chapter):
+    """Stop with a clear error when the installed torch is older than the course's floor (:func:`_torch_floor`), before
+    a worker fails deep inside an API the old release lacks; ``chapter`` names the notebook. Explained in 12_planning."""
+    floor = _torch_floor()
+    found = tuple(int(part) for part in re.findall(r"\d+", torch.__version__.split("+")[0])[:2])
+    if found < floor:
+        need = ".".join(map(str, floor))
+        raise ConfigError(tr(f"{chapter} needs torch {need} or newer (this is {torch.__version__}). Upgrade it: "
+                             f"pip install 'torch>={need}'.",
+                             f"{chapter} には torch {need} 以降が必要です（この環境は {torch.__version__} です）。"
+                             f"pip install 'torch>={need}' で更新してください。"))
+    return floor
 
 
 def report():
@@ -190,5 +207,4 @@ def report():
         prop = torch.cuda.get_device_properties(i)
         rows.append((f"cuda:{i}", f"{prop.name}, {prop.total_memory / 2**30:.0f} GiB"))
     rows.append((tr("profile", "プロファイル"), profile()))
-    width = max(display_width(k) for k, _ in rows)
-    return "\n".join(f"{pad(k, width)}  {v}" for k, v in rows)
+    return table(rows, align="<<")

@@ -128,7 +128,7 @@ def ring_figure(k=4):
     width = k + 1.0  # one column: k chunk boxes and a gap
     for t, state in enumerate(states):
         step = schedule[t - 1] if t else None
-        title = tr("start", "開始") if t == 0 else f"{step.phase} {t if t < k else t - k + 1}"
+        title = tr("start", "開始") if t == 0 else f"{step.label()} {t if t < k else t - k + 1}"
         ax.text(t * width + k / 2, k + 0.25, title, ha="center", fontsize=8)
         for r in range(k):
             y = k - 1 - r

@@ -1,9 +1,15 @@
-"""The course's two languages: which one a notebook speaks, and its strings. Explained in 00_setup.
+"""The course's two languages: which one a notebook speaks, its strings, and the printer of its tables. Explained in 00_setup.
 
 Code cells are identical in `notebooks/en` and `notebooks/ja`; only what they *show* (figure labels,
-class names, messages) follows the edition.
+class names, messages) follows the edition. Every table and every column of labelled lines that a chapter or
+`mparlib` prints goes through :func:`table`: labels are given as ``(en, ja)`` pairs, columns are padded by display
+width (a Japanese character takes two columns of a terminal or a notebook's fixed-width font), and lists of items
+are joined the way each language writes them (:func:`join`).
 """
+import numbers
 import os
+import re
+import unicodedata
 import warnings
 from pathlib import Path
 
@@ -41,3 +47,73 @@ def tr(en, ja):
         warnings.warn(f"{e} Messages are shown in English until it is fixed. / 修正するまでメッセージは英語で表示します。",
                       stacklevel=2)
         return en
+
+
+def text(label):
+    """A label in the current language: an ``(en, ja)`` pair goes through :func:`tr`, anything else through ``str``
+    (an ``int`` with thousands separators); :func:`table` and :func:`join` read their cells with it. Explained in 08_collectives."""
+    if isinstance(label, tuple) and len(label) == 2 and all(isinstance(part, str) for part in label):
+        return tr(*label)
+    if isinstance(label, numbers.Integral) and not isinstance(label, bool):
+        return f"{label:,}"
+    return str(label)
+
+
+def join(items):
+    """Items as one list in the current language: ``a, b, c`` in English, ``a、b、c`` in Japanese (a half-width comma
+    between Japanese items reads as a typo there). Items may be ``(en, ja)`` pairs. Explained in 08_collectives."""
+    return tr(", ", "、").join(text(item) for item in items)
+
+
+def display_width(value):
+    """Columns ``value`` takes in a terminal: East Asian wide and full-width characters count 2. Explained in 08_collectives."""
+    return sum(2 if unicodedata.east_asian_width(c) in "WF" else 0 if unicodedata.combining(c) else 1
+               for c in str(value))
+
+
+def pad(value, width, align="<"):
+    """``value`` padded with spaces to ``width`` display columns (``align`` ``"<"`` or ``">"``); never cut. Explained in 08_collectives.
+
+    ``f"{text:<10}"`` counts characters, so a Japanese label of 5 characters, 10 columns wide, ends a table's column
+    5 columns too late; this counts columns (:func:`display_width`).
+    """
+    if align not in ("<", ">"):
+        from .errors import ConfigError
+        raise ConfigError(tr(f"pad: align={align!r} is not one of '<' (left) or '>' (right).",
+                             f"pad: align={align!r} は '<'（左寄せ）か '>'（右寄せ）のどちらかにしてください。"))
+    value = str(value)
+    fill = " " * max(0, width - display_width(value))
+    return value + fill if align == "<" else fill + value
+
+
+_NUMBER = re.compile(r"[-+]?(?:\d[\d,]*(?:\.\d+)?|\.\d+)(?:e[-+]?\d+)?(?: ?(?:%|x|倍|[kMG]?i?B|m?s|μs|GB/s))?|-|—")
+
+
+def table(rows, head=None, *, align=None, indent=0, gap=2):
+    """Rows as text with columns lined up by display width; the chapters' and mparlib's one table printer. Explained in 08_collectives.
+
+    ``rows``: sequences of cells, each a string, a number or an ``(en, ja)`` pair (:func:`text`); ``head``: the
+    header row, or None. A column whose cells are all numbers (``12``, ``3.5e-07``, ``1,024``, ``42%``, ``1.5x``,
+    ``3 ms``) is right-aligned, any other left-aligned, unless ``align`` gives one character per column (``"<>>"``).
+    Columns are ``gap`` spaces apart, so a cell never runs into the next one however long it is; the last
+    left-aligned column is not padded (no trailing spaces).
+    """
+    body = [[text(cell) for cell in row] for row in rows]
+    lines = ([[text(cell) for cell in head]] if head is not None else []) + body
+    if not lines:
+        return ""
+    ncols = max(len(line) for line in lines)
+    lines = [line + [""] * (ncols - len(line)) for line in lines]
+    if align is None:
+        align = "".join(">" if body and all(_NUMBER.fullmatch(row[c]) for row in body if c < len(row) and row[c])
+                        and any(c < len(row) and row[c] for row in body) else "<" for c in range(ncols))
+    if len(align) != ncols or set(align) - {"<", ">"}:
+        from .errors import ConfigError
+        raise ConfigError(tr(f"table: align={align!r} needs one '<' or '>' for each of the {ncols} columns.",
+                             f"table: align={align!r} には、{ncols}列のそれぞれに '<' か '>' を 1つずつ指定してください。"))
+    widths = [max(display_width(line[c]) for line in lines) for c in range(ncols)]
+    out = []
+    for line in lines:
+        cells = [pad(cell, w, a) for cell, w, a in zip(line, widths, align)]
+        out.append((" " * indent + (" " * gap).join(cells)).rstrip())
+    return "\n".join(out)

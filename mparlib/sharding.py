@@ -137,6 +137,12 @@ def _storage_key(t):
     return ((s.device, s.data_ptr()) if s.data_ptr() else ("empty", id(s))), s.nbytes()
 
 
+# The parts of a rank's training state as each edition names them in tables (GLOSSARY.md); keys as held_bytes
+# returns them, "other" as mparlib.layouts.PeakMemory adds it (activations, buffers, temporaries)
+PART_NAMES = {"params": ("params", "パラメータ"), "grads": ("grads", "勾配"),
+              "optimizer": ("optimizer state", "オプティマイザの状態"), "other": ("other", "その他")}
+
+
 def held_bytes(model, optimizer=None):
     """``{"params", "grads", "optimizer"}``: bytes this rank holds for ``model``'s training. Explained in 09_sharding.
 

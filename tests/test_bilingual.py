@@ -327,7 +327,7 @@ NAME_COLUMN = re.compile(r"^\s*[a-z_][\w.]*(?= {2,}\S)")
 ENGLISH_WORD = re.compile(r"(?<![\w.\-/])[a-z]{3,}(?![\w.(=\-/])")
 CODE_WORDS = {"cpu", "cuda", "gloo", "nccl", "mps", "nan", "inf", "torch", "mparlib", "python", "fsdp"}  # fsdp: layout names
 EXCEPTION_LINE = re.compile(r"\b[A-Z]\w*(?:Error|Exception|Interrupt)\b:")
-REPORT_ROW = re.compile(r"^(?:python|torch|CUDA \(build\)|cuDNN|CPU threads|GPUs|cuda:\d+|profile) {2,}\S")
+REPORT_ROW = re.compile(r"^(?:python|torch|CUDA \(build\)|cuDNN|cuda:\d+) {2,}\S")
 PRINTS_SOURCE = re.compile(r"\binspect\.getsource\(")
 OUTPUT_COUNTER = re.compile(rf"\d[\d,.]*( ){COUNTER}")  # one space: aligned columns of a table use several
 
@@ -367,7 +367,7 @@ def test_rule_english_output_lines():
                  "resnet_block1    (1, 64, 28, 28)", "CheckpointMismatchError", "DeviceError True True",
                  "replicate       ValueError: Expected a non cpu device, but got: cpu",
                  "RuntimeError: Error(s) in loading state_dict for Classifier:\n    Missing key(s) in state_dict: ...",
-                 "python        3.11.7\nCPU threads   2\nprofile       smoke", "  2.71 ms  x1.00  分割なし",
+                 "python        3.11.7\ncuDNN         92400\nCPU スレッド数  2", "  2.71 ms  x1.00  分割なし",
                  "レプリカ 0（cpu）: 形状 (3, 10)、行 [0, 1, 2]", "try_gpu(0):     cpu", "{'epoch': 3}",
                  "model.dim: 16   awrapped.dim: 16", "4 KiB      2.5 us      5.2 us    0.78  ページング可能",
                  "dist.send(x, dst=1) / dist.recv(buf, src=0)", "    pos                      (Shard(dim=0),)"]:
@@ -378,7 +378,7 @@ def test_rule_english_output_lines():
                 "ValueError: bad\nthe next line is not part of the message", "8 rows on 1 device(s)",
                  "one large batch                                 0.0e+00           57.7",
                  "mode                          size    returned    finished    GB/s",
-                 "predict      on the model: True   on the wrapper: False"]:
+                 "predict      on the model: True   on the wrapper: False", "CPU threads   2", "profile       smoke"]:
         assert english_lines(bad), bad
 
 
@@ -390,6 +390,144 @@ def test_the_japanese_notebooks_print_japanese(name):
                      "mparlib.lang.tr(en, ja)" for line in english_lines(text)]
         problems += [f"cell {cell_id}: no space between a number and its counter: {m.group()!r}"
                      for m in OUTPUT_COUNTER.finditer(text)]
+    assert not problems, f"ja/{name}:\n" + "\n".join(problems)
+
+
+# --- Labels, lists and tables in the Japanese outputs ----------------------------------------------------------
+# A Japanese line may still carry an English label (「params 予測 555,560」), join Japanese items with a half-width
+# comma (「チャンク 3, 1->2: チャンク 0」), or belong to a table padded by characters, whose columns drift by one
+# place for every Japanese character before them. These rules read every stored Japanese output, lines with
+# Japanese included, except what english_lines sets aside as code.
+
+def output_labels():
+    """The English labels of GLOSSARY.md's "Labels in printed output" table (its left column)."""
+    glossary = (ROOT / "notebooks" / "GLOSSARY.md").read_text(encoding="utf-8")
+    section = glossary.split("## Labels in printed output", 1)[1]
+    rows = [line.split("|")[1].strip() for line in section.splitlines() if line.startswith("| ")][1:]
+    return [label.strip() for row in rows for label in row.split(" / ")]
+
+
+def label_pattern(labels):
+    words = "|".join(re.escape(w) for w in sorted(labels, key=len, reverse=True))
+    return re.compile(rf"(?<![\w.\-/])(?:{words})(?![\w.(=\-/])", re.I)
+
+
+LABEL = label_pattern(output_labels())
+
+
+def code_removed(line):
+    """One output line without its code-like parts (quoted strings, reprs, calls); a label may start the line."""
+    return CALL.sub(" ", ANGLE_REPR.sub(" ", QUOTED.sub(" ", line)))
+
+
+def label_problems(text, pattern=LABEL):
+    """English labels of the glossary's output table in the lines of one Japanese output."""
+    problems, in_exception = [], False
+    for line in text.splitlines():
+        if in_exception and line[:1].isspace():
+            continue
+        in_exception = bool(EXCEPTION_LINE.search(line))
+        if in_exception:
+            continue
+        problems += [f"the English label {m.group()!r} in {line.strip()[:100]!r}: use the glossary's Japanese label"
+                     for m in pattern.finditer(code_removed(line))]
+    return problems
+
+
+def output_comma_problems(text):
+    """Half-width ", " between the items of a Japanese line, outside brackets and quotes (``(3, 4)`` is a value)."""
+    problems = []
+    for line in text.splitlines():
+        if not JA_LETTER.search(line) or EXCEPTION_LINE.search(line):
+            continue
+        depth, quote = 0, None
+        for i, c in enumerate(line):
+            if quote:
+                quote = None if c == quote else quote
+            elif c in "'\"":
+                quote = c
+            elif c in "([{（「":
+                depth += 1
+            elif c in ")]}）」":
+                depth = max(0, depth - 1)
+            elif c == "," and depth == 0 and line[i + 1:i + 2] == " ":
+                problems.append(f"a half-width comma between Japanese items, join them with 、 (mparlib.lang.join): "
+                                f"{line.strip()[:100]!r}")
+                break
+    return problems
+
+
+COLUMN = re.compile(r"\S+(?: \S+)*")  # a cell: words one space apart; two or more spaces end it
+
+
+def columns(line):
+    """``(start, end)`` of every cell of a table line, in characters and in display columns."""
+    from mparlib.lang import display_width
+    return [((m.start(), m.end()), (display_width(line[:m.start()]), display_width(line[:m.end()])))
+            for m in COLUMN.finditer(line)]
+
+
+def table_problems(text):
+    """Runs of 2 or more lines with the same number (2 or more) of cells, of which some column lines up by characters
+    (every cell starts, or every cell ends, at the same character) but not by display width."""
+    problems, lines = [], text.splitlines()
+    i = 0
+    while i < len(lines):
+        n = len(columns(lines[i]))
+        j = i + 1
+        while j < len(lines) and n >= 2 and len(columns(lines[j])) == n:
+            j += 1
+        run = lines[i:j]
+        if j - i >= 2 and any(JA_LETTER.search(line) or JAPANESE.search(line) for line in run):
+            cols = [columns(line) for line in run]
+            for k in range(n):
+                chars = [c[k][0] for c in cols]
+                shown_at = [c[k][1] for c in cols]
+                by_chars = len({a for a, _ in chars}) == 1 or len({b for _, b in chars}) == 1
+                by_width = len({a for a, _ in shown_at}) == 1 or len({b for _, b in shown_at}) == 1
+                if by_chars and not by_width:
+                    problems.append(f"a table padded by characters, not display width (column {k + 1}), print it "
+                                    f"with mparlib.lang.table: {run[0].strip()[:60]!r} ...")
+                    break
+        i = max(j, i + 1)
+    return problems
+
+
+def test_rule_output_labels():
+    assert {"params", "grads", "optimizer", "GPUs", "bytes", "reduce-scatter", "all-gather"} <= set(output_labels())
+    for good in ["パラメータ  予測  555,560", "ring_all_reduce の結果", "'fp32' 'adam' 4", "reshard_after_forward  "
+                 "all_gather", "ランク 0: blocks.0.attn.q.weight", "n=2 MLP  heads=2", "dist.all_reduce と一致",
+                 "RuntimeError: the ranks differ\n    in rank 1 and ranks 2"]:
+        assert label_problems(good) == [], good
+    for bad in ["params          予測     555,560", "モデル  mixed + Adam  + fp32 grads", "GPUs  8", "4. all-gather  0->1",
+                "     bytes all_reduce ms     最小-最大 ms  回数   ring ms", "検査した場合: full contiguous"]:
+        assert label_problems(bad), bad
+
+
+def test_rule_output_commas():
+    for good in ["画像: (18, 1, 28, 28) torch.float32 値の範囲 [0, 1]", "GPipe 8、1F1B 2", "1,111,404 バイト",
+                 "no Japanese, so not this rule", "{'a': 1, 'b': 2} の辞書", "ランク 0（1, 2）", "ValueError: 値, 型"]:
+        assert output_comma_problems(good) == [], good
+    for bad in ["チャンク 3, 1->2: チャンク 0", "最大数: GPipe 8, 1F1B 2", "ランク 0 の持ち分: q.weight (32, 64), k.weight (32, 64)",
+                "実行 ['gpipe', '1f1b'], ランク 0 のパラメータ数 71168"]:
+        assert output_comma_problems(bad), bad
+
+
+def test_rule_output_tables():
+    from mparlib.lang import pad
+    by_chars = "\n".join(f"{label:<12}{value:>8}" for label, value in [("ring", 1), ("リング全体", 22), ("tree", 333)])
+    by_width = "\n".join(pad(label, 12) + pad(value, 8, ">") for label, value in [("ring", 1), ("リング全体", 22)])
+    assert table_problems(by_chars) and table_problems(by_width) == []
+    assert table_problems("DDP      14.0\nZeRO-1   10.5") == [], "no Japanese, nothing to drift"
+    assert table_problems("合計: 3 件\n次: 4 件") == [], "sentences are not tables"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_the_japanese_outputs_use_japanese_labels_lists_and_tables(name):
+    problems = []
+    for cell_id, text in printed_texts(JA / name):
+        problems += [f"cell {cell_id}: {p}" for p in
+                     label_problems(text) + output_comma_problems(text) + table_problems(text)]
     assert not problems, f"ja/{name}:\n" + "\n".join(problems)
 
 
@@ -414,6 +552,11 @@ TERMS = [
     (r"専門家混合", "MoE"),
     (r"平らな", "フラットな"),
     (r"(?<!時間)(?<!手間)(?<!負荷)(?<!迷惑)を(?: ?\d+回だけ)?かけ", "適用する"),
+    (r"グローバルバッチ", "全体のバッチサイズ"),
+    (r"プリフェッチ", "先読み"),
+    (r"決まった費用", "固定のコスト"),
+    (r"アルファ・ベータ", "α-β モデル"),
+    (r"記憶領域", "ストレージ"),
 ]
 JA_COMMA = re.compile(f"[{JA_CHARS}）」』][ \t]*,[ \t]*(?=[{JA_CHARS}（「『])")
 NOT_A_NOUN = re.compile(r"(?:です|ます|。|か)$|[？?]")  # a sentence, or a question

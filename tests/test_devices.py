@@ -1,4 +1,6 @@
 """The device helpers and the course profile (chapter 00_setup)."""
+import re
+
 import pytest
 import torch
 
@@ -73,3 +75,18 @@ def test_require_gpus_speaks_japanese_in_the_japanese_edition(monkeypatch):
     monkeypatch.setattr(devices, "num_gpus", lambda: 0)
     with pytest.raises(DeviceError, match="GPU が 2枚必要ですが、PyTorch から見える GPU は 0枚です"):
         devices.require_gpus(2)
+
+
+def test_the_torch_floor_is_read_from_the_package_and_enforced(monkeypatch):
+    import importlib.metadata
+
+    from mparlib.errors import ConfigError
+    floor = devices.check_torch("Chapter 12")  # the installed torch passes, and the floor is the package's
+    need = ".".join(map(str, floor))
+    assert f"torch>={need}" in importlib.metadata.requires("mparlib")
+    monkeypatch.setattr(torch, "__version__", f"{floor[0]}.{floor[1] - 1}.1+cpu")
+    with pytest.raises(ConfigError, match=rf"Chapter 12 needs torch {re.escape(need)} or newer \(this is "):
+        devices.check_torch("Chapter 12")
+    monkeypatch.setattr(importlib.metadata, "requires", lambda name: ["numpy>=1.24"])
+    with pytest.raises(ConfigError, match="no torch>=X.Y floor"):
+        devices.check_torch("Chapter 12")

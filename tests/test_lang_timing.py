@@ -206,7 +206,7 @@ def test_measure_refuses_bad_settings():
 
 
 def test_tables_are_padded_by_display_width():
-    from mparlib.devices import display_width, pad
+    from mparlib.lang import display_width, pad
 
     assert display_width("abc") == 3 and display_width("方法") == 4 and display_width("ｱ") == 1  # half-width kana
     assert display_width("（未定義）") == 10 and display_width("e\u0301") == 1  # full-width brackets; a combining accent
@@ -223,7 +223,7 @@ def test_report_speaks_the_editions_language(monkeypatch):
     monkeypatch.setenv("MPARLIB_LANG", "ja")
     text = mparlib.report()
     assert "CPU スレッド数" in text and "GPU の数" in text and "プロファイル" in text and "CPU threads" not in text
-    from mparlib.devices import display_width
+    from mparlib.lang import display_width
 
     values = {display_width(line) - display_width(line.split()[-1]) for line in text.splitlines()
               if len(line.split()) <= 3}  # a label (one or two words) and one value
@@ -286,3 +286,34 @@ def test_measure_with_slowest_rank_gives_every_rank_the_slowest_time_of_each_cal
     assert times0 == pytest.approx([max(a, b) for a, b in zip(local0, local1)], rel=1e-12)
     assert sum(local0) >= 0.02 and sum(local1) >= 0.02  # each rank had its own minimum duration
     assert min(times0) >= 0.003  # rank 1 slept 3 ms in every call
+
+
+def test_the_table_printer_lines_up_mixed_widths_in_both_languages(monkeypatch):
+    from mparlib.lang import display_width, join, table
+    rows = [[("interleaved 1F1B", "インターリーブ 1F1B"), 16, "0.63 ms"], [("ZBV", "ZBV"), 1234, "12.50 ms"]]
+    head = [("schedule", "スケジュール"), ("passes", "パス"), ("gap", "隙間")]
+    for lang, first in (("en", "interleaved 1F1B"), ("ja", "インターリーブ 1F1B")):
+        monkeypatch.setenv("MPARLIB_LANG", lang)
+        lines = table(rows, head).splitlines()
+        assert lines[1].startswith(first + "  ") and "1,234" in lines[2]  # (en, ja) labels; ints with separators
+        # the labels differ in width, yet the numbers (right-aligned) end at one display column, and so do the lines
+        assert display_width(lines[1].split("  ")[0]) != display_width(lines[2].split("  ")[0])
+        ends = {display_width(line[:line.index(cell) + len(cell)]) for line, cell in zip(lines[1:], ["16", "1,234"])}
+        assert len(ends) == 1 and len({display_width(line) for line in lines[1:]}) == 1
+        assert display_width(lines[0][:lines[0].index(head[1][lang == "ja"])]) < min(ends)  # a header over it
+        assert all(line == line.rstrip() for line in lines)
+    monkeypatch.setenv("MPARLIB_LANG", "ja")
+    assert join(["GPipe 8", "1F1B 2"]) == "GPipe 8、1F1B 2" and join([("a", "あ"), 3]) == "あ、3"
+    monkeypatch.setenv("MPARLIB_LANG", "en")
+    assert join(["GPipe 8", "1F1B 2"]) == "GPipe 8, 1F1B 2"
+    assert table([["a", "b"]], align="<>") == "a  b" and table([]) == ""
+    assert table([["x", "1"], ["long label", "22"]], indent=2).splitlines() == ["  x            1", "  long label  22"]
+
+
+def test_the_table_printer_refuses_a_bad_alignment():
+    from mparlib.errors import ConfigError
+    from mparlib.lang import table
+    with pytest.raises(ConfigError, match="one '<' or '>' for each of the 2 columns"):
+        table([["a", "b"]], align="<")
+    with pytest.raises(ConfigError, match="one '<' or '>'"):
+        table([["a", "b"]], align="<^")

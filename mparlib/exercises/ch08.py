@@ -341,7 +341,7 @@ def buckets_below_cap(grad_bytes, cap_bytes, first_cap_bytes=None):
 
 @exercise("08.4", title=("DDP's gradient buckets", "DDP の勾配のバケット"), hints=[
     ("Look at the section 'Inside DDP': in which order are gradients packed, and when is a bucket full?",
-     "「DDP の中」の節を見てください。勾配はどの順に詰められ、バケットはいつ満杯になるでしょうか。"),
+     "「DDP の内部」の節を見てください。勾配はどの順に詰められ、バケットはいつ満杯になるでしょうか。"),
     ("Go through the gradients in the order they become ready (the order given). Add each to the open bucket; as "
      "soon as the bucket holds at least its cap, close it. The first bucket may have its own, smaller cap.",
      "勾配ができあがる順（与えられた順）にたどります。各勾配を開いているバケットに加え、バケットが上限以上になった"

@@ -44,8 +44,7 @@ from matplotlib.figure import Figure
 import mparlib
 from mparlib import collectives, diagrams
 from mparlib.errors import WorkerFailed
-from mparlib.devices import pad
-from mparlib.lang import tr
+from mparlib.lang import join, table, tr
 from mparlib.launch import launch
 from mparlib.rendezvous import choose_backend, describe
 from mparlib.plot import figure_png, use_course_style
@@ -310,9 +309,9 @@ print(tr("every collective did what its definition says", "すべての集合通
 
 # %%
 print(tr("chunks (start, stop):", "チャンク（start, stop）:"), collectives.chunk_bounds(10, 4))
-for i, step in enumerate(collectives.ring_schedule(10, 4), 1):
-    moves = ", ".join(f"{r}->{(r + 1) % 4}: {tr('chunk', 'チャンク')} {c}" for r, c in enumerate(step.send))
-    print(f"{i}. {step.phase:<14} {moves}")
+print(table([[f"{i}.", step.label(), join(f"{r}->{(r + 1) % 4}: {tr('chunk', 'チャンク')} {c}"
+                                               for r, c in enumerate(step.send))]
+             for i, step in enumerate(collectives.ring_schedule(10, 4), 1)], align="<<<", gap=1))
 
 # %% [markdown]
 # <!-- en -->
@@ -462,16 +461,13 @@ bandwidth = launch(collectives.bandwidth_worker, 2, args=(sizes,), kwargs=dict(m
 measured = {m: [row for row in bandwidth if row["method"] == m] for m in ("all_reduce", "ring")}
 fit = collectives.fit_alpha_beta([r["bytes"] for r in measured["all_reduce"]],
                                  [r["seconds"] for r in measured["all_reduce"]])
-columns = [("bytes", ">", 10), (tr("all_reduce ms", "all_reduce ms"), ">", 13),
-           (tr("min-max ms", "最小-最大 ms"), ">", 16), (tr("calls", "回数"), ">", 5), ("ring ms", ">", 9),
-           (tr("busbw GB/s", "バス帯域 GB/s"), ">", 13), (tr("model ms", "モデル ms"), ">", 10),
-           (tr("model error", "モデルの誤差"), ">", 12)]
-print(" ".join(pad(name, width, align) for name, align, width in columns))
-for a, r, error in zip(measured["all_reduce"], measured["ring"], fit["relative_errors"]):
-    cells = [a["bytes"], f"{a['seconds'] * 1e3:.3f}", f"{a['min'] * 1e3:.2f}-{a['max'] * 1e3:.2f}", a["repeats"],
-             f"{r['seconds'] * 1e3:.3f}", f"{a['busbw'] / 1e9:.3f}",
-             f"{collectives.predict_seconds(fit, a['bytes']) * 1e3:.3f}", f"{error:+.0%}"]
-    print(" ".join(pad(cell, width, align) for cell, (_, align, width) in zip(cells, columns)))
+head = [("bytes", "バイト数"), "all_reduce ms", ("min-max ms", "最小-最大 ms"), ("calls", "回数"),
+        ("ring ms", "リング ms"), ("busbw GB/s", "バス帯域 GB/s"), ("model ms", "モデル ms"), ("model error", "モデルの誤差")]
+print(table([[a["bytes"], f"{a['seconds'] * 1e3:.3f}", f"{a['min'] * 1e3:.2f}-{a['max'] * 1e3:.2f}", a["repeats"],
+              f"{r['seconds'] * 1e3:.3f}", f"{a['busbw'] / 1e9:.3f}",
+              f"{collectives.predict_seconds(fit, a['bytes']) * 1e3:.3f}", f"{error:+.0%}"]
+             for a, r, error in zip(measured["all_reduce"], measured["ring"], fit["relative_errors"])],
+            head, align=">" * len(head)))
 worst = max(abs(e) for e in fit["relative_errors"])
 print(tr(f"alpha-beta fit: alpha = {fit['alpha'] * 1e6:.1f} us, bandwidth 1/beta = {fit['bandwidth'] / 1e9:.2f} GB/s "
          f"({bandwidth[0]['backend']}, 2 processes); worst error {worst:.0%} (goal: 25%)",
@@ -844,12 +840,10 @@ assert 0 < c["median_relative_error"] < 2 ** -7 and 0 < c["max_error"] < 2 ** -6
 
 # %% tags=["nbval-ignore-output"]
 acc = inside["accumulation"]
-print(pad(tr("way", "方法"), 38), pad(tr("difference to one batch", "1バッチとの差"), 24, ">"),
-      pad(tr("ms per step", "ステップあたり ms"), 18, ">"))
 names = {"one large batch": tr("one large batch", "1つの大きなバッチ"), "no_sync": "no_sync",
          "all-reduce every micro-batch": tr("all-reduce every micro-batch", "マイクロバッチごとにオールリデュース")}
-for way, r in acc.items():
-    print(pad(names[way], 38), pad(f"{r['difference']:.1e}", 24, ">"), pad(f"{r['ms']:.1f}", 18, ">"))
+print(table([[names[way], f"{r['difference']:.1e}", f"{r['ms']:.1f}"] for way, r in acc.items()],
+            [("way", "方法"), ("difference to one batch", "1バッチとの差"), ("ms per step", "ステップあたり ms")]))
 
 # %%
 assert all(r["difference"] < 1e-6 for r in acc.values())  # float32 rounding: the same update
@@ -957,19 +951,19 @@ run = launch(one_vs_many, 2, args=(global_batch,), echo=False, timeout=300)
 comm = collectives.predict_seconds(fit, run["grad_bytes"])
 naive = run["alone"] / 2 + comm
 refined = run["alone_share"] + comm
-ms = lambda s: f"{s * 1e3:8.1f} ms"
-speedup = lambda x: tr(f"  speed-up {x:.2f}x", f"  速度 {x:.2f}倍")
+ms = lambda s: f"{s * 1e3:.1f} ms"
+speedup = lambda x: tr(f"speed-up {x:.2f}x", f"速度 {x:.2f}倍")
 print(tr(f"ResNet-18, global batch {global_batch}, {run['backend']}, {run['threads']} thread(s) per process",
          f"ResNet-18、全体のバッチサイズ {global_batch}、{run['backend']}、プロセスあたり {run['threads']}スレッド"))
-label = lambda en, ja: pad(tr(en, ja), 48)  # one column, whatever the edition's characters
-print(label("measured, 1 device, whole batch:", "実測、デバイス 1つ、バッチ全体:"), ms(run["alone"]))
-print(label("measured, 2 devices (DDP), half each:", "実測、デバイス 2つ（DDP）、半分ずつ:"),
-      ms(run["together"]), speedup(run["alone"] / run["together"]))
-print(label("predicted all-reduce of the gradients:", "予測、勾配のオールリデュース:"), ms(comm))
-print(label("model 1: t1(B) / 2 + all-reduce:", "モデル 1: t1(B) / 2 + オールリデュース:"),
-      ms(naive), speedup(run["alone"] / naive))
-print(label("model 2: t1(B / 2) measured + all-reduce:", "モデル 2: t1(B / 2) の実測 + オールリデュース:"),
-      ms(refined), speedup(run["alone"] / refined))
+print(table([
+    [("measured, 1 device, whole batch:", "実測、デバイス 1つ、バッチ全体:"), ms(run["alone"])],
+    [("measured, 2 devices (DDP), half each:", "実測、デバイス 2つ（DDP）、半分ずつ:"), ms(run["together"]),
+     speedup(run["alone"] / run["together"])],
+    [("predicted all-reduce of the gradients:", "予測、勾配のオールリデュース:"), ms(comm)],
+    [("model 1: t1(B) / 2 + all-reduce:", "モデル 1: t1(B) / 2 + オールリデュース:"), ms(naive),
+     speedup(run["alone"] / naive)],
+    [("model 2: t1(B / 2) measured + all-reduce:", "モデル 2: t1(B / 2) の実測 + オールリデュース:"), ms(refined),
+     speedup(run["alone"] / refined)]], align="<><"))
 per_image = (run["alone"] - run["alone_share"]) / (global_batch - run["per_rank_batch"])  # seconds per example
 if per_image > 0:
     # model 2: t1(B/2) + comm > t1(B) = t1(B/2) + per_image * B/2  <=>  B < 2 comm / per_image

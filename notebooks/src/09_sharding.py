@@ -55,12 +55,11 @@ import mparlib
 from mparlib import sharding
 from mparlib.data import to_float
 from mparlib.ddp_train import load_split_tensors
-from mparlib.devices import pad
 from mparlib.errors import CheckpointError, WorkerFailed
 from mparlib.runfolder import LOCK_NAME
 from mparlib.sharded_checkpoint import CHECKSUMS, latest_checkpoint, load_sharded
 from mparlib.timing import measure_each
-from mparlib.lang import tr
+from mparlib.lang import join, table, tr
 from mparlib.launch import launch
 from mparlib.rendezvous import describe
 from mparlib.plot import course_style, figure_png
@@ -77,11 +76,8 @@ print(describe(4))
 
 KINDS = {"all_reduce": tr("all-reduce", "オールリデュース"), "reduce_scatter": tr("reduce-scatter", "リデュース・スキャッター"),
          "all_gather": tr("all-gather", "オールギャザー"), "broadcast": tr("broadcast", "ブロードキャスト")}
-
-
-def col(text, width, right=False):
-    """``text`` padded to ``width`` display columns of a printed table (an East Asian wide character takes two)."""
-    return pad(text, width, ">" if right else "<")
+PART = sharding.PART_NAMES  # params, grads, optimizer, other: each edition's label
+TOTAL = ("total", "合計")
 
 # %% [markdown]
 # <!-- en -->
@@ -121,14 +117,14 @@ def col(text, width, right=False):
 # **混合精度**では、順伝播と逆伝播は 16ビットの数（bfloat16、2バイト）で計算し、オプティマイザは重みの fp32 の**マスターコピー**（4バイト）を fp32 の状態で更新します。重みよりはるかに小さい更新量は、16ビットで足すと消えてしまうからです。ZeRO はマスターコピーをオプティマイザの状態に数え、`mparlib.sharding.bytes_per_parameter` もそれにならいます。**活性化**（逆伝播が必要とする各層の出力）はこれとは別にかかり、パラメータの数ではなくバッチの大きさで決まります。4節で扱います。
 
 # %%
-print(col(tr("precision", "精度"), 19) + col(tr("optimizer", "オプティマイザ"), 15)
-      + col(tr("params", "パラメータ"), 11, True) + col(tr("grads", "勾配"), 7, True)
-      + col(tr("optimizer", "オプティマイザ"), 15, True) + col(tr("total", "合計"), 7, True)
-      + "  " + tr("(bytes per parameter)", "（パラメータ 1つあたりのバイト数）"))
+print(tr("bytes per parameter:", "パラメータ 1つあたりのバイト数:"))
+rows = []
 for precision, optimizer in [("fp32", "sgd"), ("fp32", "momentum"), ("fp32", "adam"), ("bf16", "adam"),
                              ("mixed", "adam"), ("mixed_fp32_grads", "adam")]:
     b = sharding.bytes_per_parameter(precision, optimizer)
-    print(f"{precision!r:<19}{optimizer!r:<15}{b['params']:>11}{b['grads']:>7}{b['optimizer']:>15}{sum(b.values()):>7}")
+    rows.append([repr(precision), repr(optimizer), b["params"], b["grads"], b["optimizer"], sum(b.values())])
+print(table(rows, [("precision", "精度"), ("optimizer", "オプティマイザ"), PART["params"], PART["grads"],
+                   PART["optimizer"], TOTAL]))
 
 # %% [markdown]
 # <!-- en -->
@@ -142,22 +138,22 @@ for precision, optimizer in [("fp32", "sgd"), ("fp32", "momentum"), ("fp32", "ad
 
 # %%
 playbook = {"1B": (16, 20), "7B": (112, 140), "70B": (1120, 1400)}  # GB, Ultra-Scale Playbook (1 GB = 1e9 bytes)
-print(col(tr("model", "モデル"), 6) + f" {'mixed + Adam':>13} {'+ fp32 grads':>13}")
+rows = []
 for name, published in playbook.items():
     n = sharding.PUBLISHED_SIZES[name]
     ours = tuple(sum(sharding.zero_bytes_per_rank(n, 1, 0, p).values()) / 1e9 for p in ("mixed", "mixed_fp32_grads"))
-    print(f"{name:<6} {ours[0]:>10,.0f} GB {ours[1]:>10,.0f} GB")
+    rows.append([name, f"{ours[0]:,.0f} GB", f"{ours[1]:,.0f} GB"])
     assert ours == published, (name, ours, published)
+print(table(rows, [("model", "モデル"), ("mixed + Adam", "混合精度 + Adam"), ("+ fp32 grads", "+ fp32 の勾配")]))
 
 print()
 print(tr("7B, mixed precision with Adam, 8 ranks: GB held by each rank",
          "7B、混合精度と Adam、ランク 8個: 各ランクが持つ GB"))
-print(" " * 14 + col(tr("params", "パラメータ"), 11, True) + col(tr("grads", "勾配"), 8, True)
-      + col(tr("optimizer", "オプティマイザ"), 15, True) + col(tr("total", "合計"), 8, True))
+rows = []
 for stage, label in enumerate(["DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3 / FSDP"]):
     b = sharding.zero_bytes_per_rank(sharding.PUBLISHED_SIZES["7B"], 8, stage, "mixed")
-    print(f"{label:<14}{b['params'] / 1e9:>11.1f}{b['grads'] / 1e9:>8.1f}{b['optimizer'] / 1e9:>15.1f}"
-          f"{sum(b.values()) / 1e9:>8.1f}")
+    rows.append([label] + [f"{v / 1e9:.1f}" for v in (b["params"], b["grads"], b["optimizer"], sum(b.values()))])
+print(table(rows, ["", PART["params"], PART["grads"], PART["optimizer"], TOTAL]))
 
 # %% [markdown]
 # <!-- en -->
@@ -195,9 +191,8 @@ single = sharding.held_bytes(model, optimizer)
 predicted = sharding.zero_bytes_per_rank(n_params, 1, 0, "fp32", "adam")
 print(tr(f"{n_params:,} parameters in {len(list(model.parameters()))} tensors",
          f"パラメータ {n_params:,}個、テンソル {len(list(model.parameters()))}個"))
-for part in ("params", "grads", "optimizer"):
-    print(f"{part:<10} " + col(tr("predicted", "予測"), 9, True) + f" {predicted[part]:>11,.0f}   "
-          + col(tr("counted", "実測"), 7, True) + f" {single[part]:>11,}")
+print(table([[PART[part], f"{predicted[part]:,.0f}", single[part]] for part in ("params", "grads", "optimizer")],
+            ["", ("predicted", "予測"), ("counted", "実測")]))
 
 # %%
 steps = len(optimizer.state)  # Adam keeps a step count (one float32 scalar) for each parameter tensor
@@ -496,13 +491,9 @@ for name, r in zero.items():
 # シャーディングで何が減ったのでしょうか。最後のステップのあとに各ランクが持つバイト数を、テンソルから数えます（ZeRO-1 の分け方が均等でない点を除き、ここでは 2個のランクで同じです）。
 
 # %%
-print(col(tr("method", "方式"), 24) + col(tr("rank", "ランク"), 7, True) + col(tr("params", "パラメータ"), 11, True)
-      + col(tr("grads", "勾配"), 11, True) + col(tr("optimizer", "オプティマイザ"), 15, True)
-      + col(tr("total", "合計"), 11, True))
-for name, r in zero.items():
-    for rank, held in enumerate(r["held"]):
-        print(f"{name:<24}{rank:>7}{held['params']:>11,}{held['grads']:>11,}{held['optimizer']:>15,}"
-              f"{sum(held.values()):>11,}")
+print(table([[name, rank, held["params"], held["grads"], held["optimizer"], sum(held.values())]
+             for name, r in zero.items() for rank, held in enumerate(r["held"])],
+            [("method", "方式"), ("rank", "ランク"), PART["params"], PART["grads"], PART["optimizer"], TOTAL]))
 ddp_total = sum(zero["DDP"]["held"][0].values())
 ours = max(sum(h.values()) for h in zero["sharded_step"]["held"])
 print(tr(f"the sharded step holds {ours / ddp_total:.0%} of DDP's bytes per rank",
@@ -538,14 +529,13 @@ for held in zero["Zero2Optimizer"]["held"]:  # half the gradients (+ padding) an
 # ステップのあと、シャーディングしたステップが持つ勾配と Adam の状態は半分です。ランク 2個なら DDP の 62% で、ランク N 個なら 1/4 + 3/4 × 1/N です（パラメータは丸ごと残ります）。これはステップのあとに持っている量です。ステップの途中では、上で述べたとおり完全な勾配を 2組持っていました。3節で測るピークにそれが表れます。`Zero2Optimizer` がステップのあとに持つのも、同じく勾配と Adam の状態の半分と、勾配バッファ 1つ（64 KiB。次の逆伝播のために残します）です。ステップの途中でも、勾配はこれに autograd が作ったばかりのパラメータ 1つ分の勾配を加えた量を超えません。PyTorch の `ZeroRedundancyOptimizer` は ZeRO-1 です。オプティマイザの状態をシャーディングしますが、パラメータのテンソル単位で、ランクの負担がそろうように貪欲に割り当てます（分け方が均等でないのはそのためです）。勾配は DDP と同じく全体を持ちます。1ステップの集合通信を `sharding.CollectiveLog` で記録したもの（`torch.distributed` の集合通信はどれも、PyTorch のディスパッチャを `c10d` の演算子として通ります。`CollectiveLog` はこれを見張ります）と、ステップの時間を示します。時間は 5ステップのあとに、8章で集合通信を測ったのと同じ方法で測ります。5ステップがウォームアップの役目を果たします。`mparlib.timing.measure` が最後のバッチでさらにステップを進め、各ステップの前にバリアで待ち合わせ、5ステップ以上、合計 50 ms 以上になるまで続けます。`slowest_rank` は各ステップの時間をいちばん遅いランクの時間にします（そのため、すべてのランクが同じステップで計測を終えます）。
 
 # %% tags=["nbval-ignore-output"]
-print(col(tr("method", "方式"), 25)
-      + col(tr("collectives of one step (calls x, bytes)", "1ステップの集合通信（回数、バイト数）"), 64)
-      + col(tr("ms per step", "ステップあたり ms"), 18, True) + col(tr("min-max ms", "最小-最大 ms"), 14, True))
+rows = []
 for name, r in zero.items():
-    calls = tr(", ", "、").join(f"{KINDS[kind]} {c['calls']}x {c['bytes']:,}" for kind, c in r["collectives"].items())
+    calls = join(f"{KINDS[kind]} {c['calls']}x {c['bytes']:,}" for kind, c in r["collectives"].items())
     t = r["seconds"]
-    print(f"{name:<25}" + col(calls, 64) + f"{1000 * t['median']:>18.1f}"
-          + col(f"{1000 * t['min']:.1f}-{1000 * t['max']:.1f}", 14, True))
+    rows.append([name, calls, f"{1000 * t['median']:.1f}", f"{1000 * t['min']:.1f}-{1000 * t['max']:.1f}"])
+print(table(rows, [("method", "方式"), ("collectives of one step (calls x, bytes)", "1ステップの集合通信（回数、バイト数）"),
+                   ("ms per step", "ステップあたり ms"), ("min-max ms", "最小-最大 ms")], align="<<>>"))
 busy = any(r["seconds"]["busy"] for r in zero.values())
 print(tr(f"each time: the median of {min(r['seconds']['repeats'] for r in zero.values())} or more steps, the slowest "
          "rank's; the machine was " + ("busy (load above 0.3 per core)" if busy else "not busy"),
@@ -635,8 +625,7 @@ from torch.utils.checkpoint import checkpoint
 from mparlib import sharding
 from mparlib.data import to_float
 from mparlib.ddp_train import load_split_tensors
-from mparlib.devices import pad
-from mparlib.lang import tr
+from mparlib.lang import join, table, tr
 from mparlib.rendezvous import device
 from mparlib.sharded_checkpoint import load_sharded, save_sharded
 from zero_workers import make_model, share
@@ -888,13 +877,10 @@ per_world = {1: single, 2: fsdp2["held"], 4: fsdp4["held"]}
 parts = ("params", "grads", "optimizer")
 rows = {1: single} | {n: {k: max(h[k] for h in held) for k in parts} for n, held in per_world.items() if n > 1}
 total_one = sum(single.values())
-print(col(tr("ranks", "ランク数"), 8, True) + col(tr("params", "パラメータ"), 11, True)
-      + col(tr("grads", "勾配"), 11, True) + col(tr("optimizer", "オプティマイザ"), 15, True) + col(tr("total", "合計"), 11, True)
-      + col(tr("ideal 1/N", "理想 1/N"), 11, True) + col(tr("ratio", "比"), 7, True))
-for n, b in rows.items():
-    total = sum(b[k] for k in parts)
-    print(f"{n:>8}{b['params']:>11,}{b['grads']:>11,}{b['optimizer']:>15,}{total:>11,}{total_one / n:>11,.0f}"
-          f"{total / (total_one / n):>7.3f}")
+print(table([[n, b["params"], b["grads"], b["optimizer"], sum(b[k] for k in parts), f"{total_one / n:,.0f}",
+              f"{sum(b[k] for k in parts) / (total_one / n):.3f}"] for n, b in rows.items()],
+            [("ranks", "ランク数"), PART["params"], PART["grads"], PART["optimizer"], TOTAL, ("ideal 1/N", "理想 1/N"),
+             ("ratio", "比")]))
 
 # %%
 for n, b in rows.items():
@@ -977,16 +963,14 @@ one_rank = dict(patch=7, bucket_bytes=2**16, methods=sharding.PEAK_METHODS + ("s
 peaks = {1: launch(sharding.peak_memory_worker, 1, kwargs=one_rank, echo=False, timeout=300)["methods"],
          2: fsdp2["peaks"], 4: fsdp4["peaks"]}
 METHODS = sharding.PEAK_METHODS
-print(col(tr("peak bytes per rank", "1ランクのピークのバイト数"), 26) + "".join(col(m, 12, True) for m in METHODS)
-      + col(tr("sharded step", "この章のステップ"), 18, True))
-for n, r in peaks.items():
-    print(col(tr(f"{n} rank(s)", f"ランク {n}個"), 26) + "".join(f"{r[m]['peak_bytes_per_rank']:>12,}" for m in METHODS)
-          + f"{r['sharded step']['peak_bytes_per_rank']:>18,}")
+print(table([[(f"{n} rank(s)", f"ランク {n}個")] + [r[m]["peak_bytes_per_rank"] for m in METHODS]
+             + [r["sharded step"]["peak_bytes_per_rank"]] for n, r in peaks.items()],
+            [("peak bytes per rank", "1ランクのピークのバイト数"), *METHODS, ("sharded step", "この章のステップ")]))
 print()
 print(tr("at ZeRO-2's and FSDP2's peak on 4 ranks (rank 0):", "ランク 4個での ZeRO-2 と FSDP2 のピークの内訳（ランク 0）:"))
 for m in ("ZeRO-2", "FSDP2"):
     at, after = peaks[4][m]["per_rank"][0]["parts"], peaks[4][m]["per_rank"][0]["after"]
-    print(f"  {m:<7}" + tr(", ", "、").join(f"{names[k]} {at[k]:,}" for k in parts)
+    print(f"  {m}: " + join(f"{names[k]} {at[k]:,}" for k in parts)
           + tr(f"; after the step {sum(after.values()):,} in all", f"。ステップのあとは合計 {sum(after.values()):,}"))
 
 # %%
@@ -1049,12 +1033,11 @@ display(Image(figure_png(fig)))
 # `reshard_after_forward=True`（ブロックの既定値）では、ブロックのパラメータは順伝播のあとで解放され、逆伝播のためにもう一度集められます。メモリは最も少なくなりますが、オールギャザーが 2回になります。`False` にすると、順伝播から逆伝播まで集めたまま保持します。これは ZeRO-2 の振る舞いで、ステップの間は完全なパラメータを持ちます。1回の訓練ステップで送るもの（集めたり足し合わせたりするテンソル全体のバイト数）を `CollectiveLog` で数えます。PyTorch 自身の `CommDebugMode`（`torch.distributed.tensor.debug`）も FSDP の集合通信を捉えて同じ回数を数えますが、その大きさは記録しません。
 
 # %%
-print(col(tr("ranks", "ランク数"), 8, True) + f" {'reshard_after_forward':<22} {'all_gather':>16} {'reduce_scatter':>16}")
-for r in (fsdp2, fsdp4):
-    for label, log in (("True (ZeRO-3)", r["collectives"]), ("False (ZeRO-2)", r["collectives_kept"])):
-        ag, rs = log["all_gather"], log["reduce_scatter"]
-        print(f"{r['world_size']:>8} {label:<22} {ag['calls']:>3}x {ag['bytes']:>10,} "
-              f"{rs['calls']:>3}x {rs['bytes']:>10,}")
+print(table([[r["world_size"], label, f"{log['all_gather']['calls']}x {log['all_gather']['bytes']:,}",
+              f"{log['reduce_scatter']['calls']}x {log['reduce_scatter']['bytes']:,}"]
+             for r in (fsdp2, fsdp4)
+             for label, log in (("True (ZeRO-3)", r["collectives"]), ("False (ZeRO-2)", r["collectives_kept"]))],
+            [("ranks", "ランク数"), "reshard_after_forward", "all_gather", "reduce_scatter"], align="><>>"))
 
 # %%
 for r in (fsdp2, fsdp4):
@@ -1136,12 +1119,14 @@ def loss_gap(losses):
 
 
 print(tr("losses of one process:", "1個のプロセスの損失:"), [round(v, 4) for v in one_losses])
+rows = []
 for label, losses in ((tr("FSDP, 2 ranks", "FSDP、ランク 2個"), fsdp2["losses"]),
                       (tr("FSDP, 4 ranks", "FSDP、ランク 4個"), fsdp4["losses"]),
                       (tr("FSDP, 2 ranks, bfloat16", "FSDP、ランク 2個、bfloat16"), fsdp2["losses_bf16"]),
                       (tr("FSDP, 2 ranks, activation checkpointing", "FSDP、ランク 2個、活性化の再計算"),
                        fsdp2["losses_checkpointed"])):
-    print(col(label, 44) + f"{tr('largest difference', '差の最大値')} {loss_gap(losses):.1e}")
+    rows.append([label, f"{loss_gap(losses):.1e}"])
+print(table(rows, ["", ("largest difference", "差の最大値")]))
 
 # %%
 assert len(fsdp2["losses"]) == len(fsdp4["losses"]) == 10 and one_losses[-1] < one_losses[0]
@@ -1177,14 +1162,16 @@ assert loss_gap(fsdp2["losses_checkpointed"]) < 1e-4
 # - **HSDP**（ハイブリッドシャーディング）、ランク 4個: 形状が (2, 2) で次元の名前が `("replicate", "shard")` の 2次元の `DeviceMesh` を渡して `fully_shard` を呼びます。各パラメータは 2個のランクの組の中でシャーディングされ、2つの組の間では複製されます。オールギャザーとリデュース・スキャッターは組の中で閉じ（クラスタなら、ノードの中の高速なリンクの上です）、そのあと組どうしが勾配のシャードをオールリデュースします。
 
 # %% tags=["nbval-ignore-output"]
+rows = []
 for label, losses in ((tr("FSDP, 2 ranks, 2 micro-batches", "FSDP、ランク 2個、マイクロバッチ 2個"),
                        fsdp2["losses_accumulated"]),
                       (tr("FSDP, 4 ranks, 2 micro-batches", "FSDP、ランク 4個、マイクロバッチ 2個"),
                        fsdp4["losses_accumulated"]),
                       (tr("HSDP, 4 ranks on a 2 x 2 mesh", "HSDP、ランク 4個、2 × 2 のメッシュ"), fsdp4["losses_hsdp"])):
-    print(col(label, 44) + f"{tr('largest difference', '差の最大値')} {loss_gap(losses):.1e}")
+    rows.append([label, f"{loss_gap(losses):.1e}"])
+print(table(rows, ["", ("largest difference", "差の最大値")]))
 def call_counts(log):
-    return tr(", ", "、").join(f"{KINDS[k]} {c['calls']}x" for k, c in log.items())
+    return join(f"{KINDS[k]} {c['calls']}x" for k, c in log.items())
 
 
 print(tr("collectives of one accumulated step, 2 ranks:", "累積した 1ステップの集合通信（ランク 2個）:"),
@@ -1316,13 +1303,12 @@ models = {"plain": plain, "checkpointed": checkpointed}
 activation = {name: saved_activation_bytes(m, X64, y64) for name, m in models.items()}
 seconds = measure_each({name: training_step(m, X64, y64) for name, m in models.items()})  # in turn, round by round
 block_input = 64 * 16 * 64 * 4  # one block's input: (B, T, dim) = (64, 16, 64) in float32
-print(" " * 26 + col(tr("saved for backward", "逆伝播のための保存"), 20, True)
-      + col(tr("ms per step", "ステップあたり ms"), 18, True) + col(tr("min-max ms", "最小-最大 ms"), 14, True))
 labels = {"plain": tr("without checkpointing", "再計算なし"), "checkpointed": tr("with checkpointing", "再計算あり")}
-for name, label in labels.items():
-    t = seconds[name]
-    print(col(label, 26) + f"{activation[name]:>20,}{1000 * t.median:>18.1f}"
-          + col(f"{1000 * min(t.times):.1f}-{1000 * max(t.times):.1f}", 14, True))
+print(table([[label, activation[name], f"{1000 * seconds[name].median:.1f}",
+              f"{1000 * min(seconds[name].times):.1f}-{1000 * max(seconds[name].times):.1f}"]
+             for name, label in labels.items()],
+            ["", ("saved for backward", "逆伝播のための保存"), ("ms per step", "ステップあたり ms"),
+             ("min-max ms", "最小-最大 ms")]))
 print(tr(f"{len(seconds['plain'].times)} steps each after a warm-up step; the machine was "
          + ("busy (load above 0.3 per core)" if seconds["plain"].busy else "not busy"),
          f"ウォームアップのステップのあと、それぞれ {len(seconds['plain'].times)}ステップ。マシンは"
@@ -1519,16 +1505,14 @@ measured = [
      peak2["sharded step"], total_bytes(zero["sharded_step"]["collectives"]), f"{RS} + {AG}"),
     ("ZeRO-2 (Zero2Optimizer)", zero["Zero2Optimizer"]["held"], peak2["ZeRO-2"],
      total_bytes(zero["Zero2Optimizer"]["collectives"]), f"{RS} + {AG}"),
-    ("FSDP2, reshard_after_forward=False", fsdp2["held"], None, total_bytes(fsdp2["collectives_kept"]),
+    (tr("FSDP2, reshard_after_forward=False", "FSDP2（reshard_after_forward=False）"), fsdp2["held"], None, total_bytes(fsdp2["collectives_kept"]),
      f"{AG} + {RS}"),
     ("FSDP2 (ZeRO-3)", fsdp2["held"], peak2["FSDP2"], total_bytes(fsdp2["collectives"]), f"{AG} x 2 + {RS}"),
 ]
-print(col(tr("method", "方式"), 37) + col(tr("held after step", "ステップ後の量"), 16, True)
-      + col(tr("peak", "ピーク"), 11, True) + col(tr("sent per step", "1ステップの通信"), 16, True)
-      + "  " + tr("collectives", "集合通信"))
-for name, held, peak, sent, kinds in measured:
-    print(col(name, 37) + f"{max(sum(h[k] for k in parts) for h in held):>16,}"
-          + (f"{peak:>11,}" if peak else f"{'-':>11}") + f"{sent:>16,}  {kinds}")
+print(table([[name, max(sum(h[k] for k in parts) for h in held), peak or "-", sent, kinds]
+             for name, held, peak, sent, kinds in measured],
+            [("method", "方式"), ("held after step", "ステップ後の量"), ("peak", "ピーク"), ("sent per step", "1ステップの通信"),
+             ("collectives", "集合通信")]))
 print(tr("(DDP's and ZeRO-1's traffic: an all-reduce counted as a reduce-scatter plus an all-gather of the model, "
          "plus ZeRO-1's broadcasts)",
          "（DDP と ZeRO-1 の通信量: オールリデュースをモデルのリデュース・スキャッターとオールギャザーとして数え、"
@@ -1566,7 +1550,7 @@ print(tr("(DDP's and ZeRO-1's traffic: an all-reduce counted as a reduce-scatter
 # | ZeRO-1 | オプティマイザの状態 / N | DDP と同じ（PyTorch の実装ではブロードキャストが加わる） | 収まらないのがオプティマイザの状態のとき（Adam では全体の半分を占める）。オプティマイザを差し替えるだけで使える |
 # | ZeRO-2 | オプティマイザの状態と勾配 / N | DDP と同じ。リデュース・スキャッターとオールギャザー | ZeRO-1 と同じ場面で、さらに余裕がほしいとき。通信は増えないので、オプティマイザをシャーディングするならこちら |
 # | ZeRO-3 / FSDP2 | すべて / N と、計算中のユニットと先読みした次のユニットの完全なパラメータ | DDP の 1.5倍（パラメータを 2回集める） | パラメータそのものが 1つのデバイスに収まらないとき。高速なリンクでつながった多数のデバイスなら、増えた通信は計算と重なる |
-# | FSDP2、`reshard_after_forward=False` | ステップの外では ZeRO-3 と同じ。ステップの間は完全なパラメータ | DDP と同じ | メモリが厳しいのがステップの間だけのとき、またはリンクが遅いとき |
+# | FSDP2、`reshard_after_forward=False` | ステップの外では ZeRO-3 と同じ。ステップの最中は完全なパラメータ | DDP と同じ | メモリが厳しいのがステップの外（ステップとステップの合間）だけのとき、またはリンクが遅いとき |
 #
 # どれを選んでも、活性化の再計算で活性化を減らせますし、混合精度で集める量と計算を半分にできます。収まるモデルなら答えは DDP です。シャーディングは、モデルが収まらなくなった日のためのものです。そして同じコードがランク 1個、2個、4個で動きます。シャーディングしたチェックポイントは、保存したときのワールドサイズにモデルを縛りません。`benchmarks/sharding.py` は、より大きな ViT（`vit("small")`、パラメータ 320万個）について、プロセス 1個、2個、4個での 1ランクあたりのメモリとステップの時間を測り、この章の目標（1/N の 1.15倍以内）を確かめます（そのワーカー `mparlib.sharding.fsdp_memory_worker` は、この章のワーカーの FSDP の部分を数行にまとめたものです）。
 

@@ -57,7 +57,7 @@ import mparlib.plot
 from mparlib import diagrams, schedules, tensor_parallel
 from mparlib.data import load_fashion_mnist
 from mparlib.hybrid import pipeline_schedule
-from mparlib.lang import tr
+from mparlib.lang import join, table, tr
 from mparlib.launch import launch
 from mparlib.rendezvous import describe
 from mparlib.vit import MLP, vit
@@ -175,7 +175,7 @@ print(inspect.getsource(tensor_parallel._Reduce))
 # What should the message count be? One all-reduce per `g` in the forward pass, one per `f` in the backward pass.
 # The MLP has one of each. The attention block has one `g` (in `out`), but three projections read the input, each
 # with its own `f`: three all-reduces in the backward pass. (Megatron-LM fuses `q`, `k` and `v` into one matrix
-# and so needs one; see the exercises.) `expected_all_reduces` counts the operators in a split block.
+# and so needs one; see the first of the more questions at the end.) `expected_all_reduces` counts the operators in a split block.
 #
 # The worker below builds the full blocks from the same seed on every rank, runs them unsplit as the reference,
 # then split, under PyTorch's `CommDebugMode`, which counts every collective operation issued while it is active.
@@ -186,7 +186,7 @@ print(inspect.getsource(tensor_parallel._Reduce))
 #
 # `split_attention(attention)` は `mparlib.vit.Attention` に同じことをヘッド単位で行います。ヘッド `h` はクエリ、キー、バリューの特徴 `h*d` から `(h+1)*d` を読みます（`d = dim / heads`）。そのため `q`、`k`、`v` を列で分けると、各ランクはヘッドを丸ごと受け持ち、他のランクと通信せずに計算できます。`out` は行で分け、各ヘッドの寄与を足し合わせます。ブロックの `forward` は `self.heads` を使って形状を変えるので、分割したブロックでは `heads` をローカルなヘッド数 `heads / n` にします。
 #
-# 通信は何回になるはずでしょうか。順伝播では `g` 1つにつき 1回、逆伝播では `f` 1つにつき 1回のオールリデュースです。MLP にはそれぞれ 1つずつあります。アテンションのブロックでは `g` は 1つ（`out` の中）ですが、入力を読む射影が 3つあり、それぞれが自分の `f` を持つので、逆伝播のオールリデュースは 3回です（Megatron-LM は `q`、`k`、`v` を 1つの行列にまとめるので 1回で済みます。練習問題を見てください）。`expected_all_reduces` は、分割したブロックの演算子を数えます。
+# 通信は何回になるはずでしょうか。順伝播では `g` 1つにつき 1回、逆伝播では `f` 1つにつき 1回のオールリデュースです。MLP にはそれぞれ 1つずつあります。アテンションのブロックでは `g` は 1つ（`out` の中）ですが、入力を読む射影が 3つあり、それぞれが自分の `f` を持つので、逆伝播のオールリデュースは 3回です（Megatron-LM は `q`、`k`、`v` を 1つの行列にまとめるので 1回で済みます。章末の「その他の問い」の 1つ目を見てください）。`expected_all_reduces` は、分割したブロックの演算子を数えます。
 #
 # 次のワーカーは、どのランクでも同じシードから完全なブロックを作り、まず分割せずに計算して基準にします。次に分割したブロックを、PyTorch の `CommDebugMode` の中で計算します。`CommDebugMode` は、有効な間に発行された集合通信（collective communication）をすべて数えます。出力、入力の勾配、そして `gather_full` で各ランクから集めたすべてのパラメータの勾配を、float64 で比べます。
 
@@ -380,19 +380,19 @@ from dtensor_workers import tensor_parallel_checks
 tp_reports = {n: launch(tensor_parallel_checks, n, kwargs={"tour": n == 2}, timeout=120) for n in (2, 4)}
 split_reports = {n: report["split"] for n, report in tp_reports.items()}
 dtensor_reports = {n: report["dtensor"] for n, report in tp_reports.items()}
+rows = []
 for n, report in split_reports.items():
     for name, r in report.items():
-        print(f"n={n} {name:<9} " + tr("rank 0 holds", "ランク 0 の持ち分") + ":",
-              ", ".join(f"{k} {tuple(v)}" for k, v in r["shapes"].items() if k.endswith("weight")),
-              f"heads={r['heads']}" if r["heads"] else "")
-        print(" " * 14 + tr("all-reduces", "オールリデュース") + f": {r['all_reduces']}, "
-              + tr("predicted", "予想") + f": {r['expected']}")
+        rows.append([f"n={n}", name, join([f"{k} {tuple(v)}" for k, v in r["shapes"].items() if k.endswith("weight")]
+                                          + ([f"heads={r['heads']}"] if r["heads"] else []))])
+        rows.append(["", "", tr("all-reduces", "オールリデュース") + f": {r['all_reduces']}"])
+        rows.append(["", "", tr("predicted", "予想") + f": {r['expected']}"])
+print(table(rows, ["", "", ("rank 0 holds", "ランク 0 の持ち分")]))
 
 # %% tags=["nbval-ignore-output"]
-for n, report in split_reports.items():
-    for name, r in report.items():
-        print(f"n={n} {name:<9} " + tr("largest difference to the unsplit block", "分割前のブロックとの最大の差")
-              + f": {max(r['diffs'].values()):.1e}")
+print(table([[f"n={n}", name, f"{max(r['diffs'].values()):.1e}"]
+             for n, report in split_reports.items() for name, r in report.items()],
+            ["", "", ("largest difference to the unsplit block", "分割前のブロックとの最大の差")]))
 
 # %%
 for n, report in split_reports.items():
@@ -445,19 +445,18 @@ assert tour[("R", "S(0)")] == {}, "taking a piece of a replicated tensor needs n
 # 次に `parallelize_module` で分割した 2つのブロックを 2個と 4個のプロセスで動かし、プリミティブから組み立てた版が数えた回数と並べます。
 
 # %%
-for n, report in dtensor_reports.items():
-    for name, r in report.items():
-        print(f"n={n} {name:<9} DTensor: {r['all_reduces']}, " + tr("from primitives", "プリミティブ版")
-              + f": {split_reports[n][name]['all_reduces']}")
-for p_name, placement in dtensor_reports[2]["MLP"]["placements"].items():
-    print(f"    MLP.{p_name:<11} {placement:<16} " + tr("rank 0 holds", "ランク 0 の持ち分") + ":",
-          dtensor_reports[2]["MLP"]["local"][p_name])
+print(table([[f"n={n}", name, str(r["all_reduces"]), str(split_reports[n][name]["all_reduces"])]
+             for n, report in dtensor_reports.items() for name, r in report.items()],
+            ["", "", ("DTensor's all-reduces", "DTensor のオールリデュース"), ("from primitives", "プリミティブ版")]))
+print()
+print(table([[f"MLP.{p_name}", placement, str(dtensor_reports[2]["MLP"]["local"][p_name])]
+             for p_name, placement in dtensor_reports[2]["MLP"]["placements"].items()],
+            [("parameter", "パラメータ"), ("placement", "配置"), ("rank 0 holds", "ランク 0 の持ち分")], indent=4))
 
 # %% tags=["nbval-ignore-output"]
-for n, report in dtensor_reports.items():
-    for name, r in report.items():
-        print(f"n={n} {name:<9} " + tr("largest difference to the unsplit block", "分割前のブロックとの最大の差")
-              + f": {max(r['diffs'].values()):.1e}")
+print(table([[f"n={n}", name, f"{max(r['diffs'].values()):.1e}"]
+             for n, report in dtensor_reports.items() for name, r in report.items()],
+            ["", "", ("largest difference to the unsplit block", "分割前のブロックとの最大の差")]))
 
 # %%
 for n, report in dtensor_reports.items():
@@ -662,18 +661,19 @@ pipe_reports = {n: launch(pipelined_training, n, args=(batches,),
                           kwargs=dict(micro_batches=MICRO, lr=LR, traced=n == 2, bubble=BUBBLE), timeout=300)
                 for n in (2, 4)}
 for n, report in pipe_reports.items():
-    print(f"n={n}: " + tr("runs", "実行") + f" {[k for k in report if k != 'bubble']}, "
-          + tr("parameters on rank 0", "ランク 0 のパラメータ数") + " " + str(report["gpipe"]["held"]) + ", "
-          + tr("in the whole model", "モデル全体") + f" {sum(t.numel() for t in ref_params.values())}")
+    print(f"n={n}: " + join([tr("runs", "実行") + f" {[k for k in report if k != 'bubble']}",
+                             tr("parameters on rank 0", "ランク 0 のパラメータ数") + f" {report['gpipe']['held']:,}",
+                             tr("in the whole model", "モデル全体") + f" {sum(t.numel() for t in ref_params.values()):,}"]))
 
 # %% tags=["nbval-ignore-output"]
-print(tr("one process:", "1個のプロセス:"), [f"{v:.6f}" for v in ref_losses])
+RUN_NAMES = {"gpipe": "GPipe", "1f1b": "1F1B", "pipeline()": "pipeline()"}  # the workers' keys, as printed
+rows = [[("one process", "1個のプロセス"), str([f"{v:.6f}" for v in ref_losses]), "-"]]
 for n, report in pipe_reports.items():
-    for name in ("gpipe", "1f1b", "pipeline()"):
+    for name in RUN_NAMES:
         if name in report:
             worst = max((report[name]["params"][k] - v).abs().max().item() for k, v in ref_params.items())
-            print(f"n={n} {name:<11}", [f"{v:.6f}" for v in report[name]["losses"]],
-                  tr("largest parameter difference", "パラメータの最大の差") + f" {worst:.1e}")
+            rows.append([f"n={n} {RUN_NAMES[name]}", str([f"{v:.6f}" for v in report[name]["losses"]]), f"{worst:.1e}"])
+print(table(rows, ["", ("losses", "損失"), ("largest parameter difference", "パラメータの最大の差")]))
 
 # %%
 TOL = dict(rtol=1e-5, atol=1e-5)  # float32: micro-batches add the terms of a sum in another order
@@ -719,16 +719,11 @@ print(tr("pipelines on 2 and 4 processes, GPipe and 1F1B, = one process: losses 
 # 式が当てはまるには、ステージの計算量がそろっている必要があります。そのため実験（`mparlib.schedules.measure_bubble`）では、最初と最後のステージに余分な層が付く ViT は使いません。どのステージも `Linear(512, 512)` と tanh を同じだけ積んだもの（`uniform_stage`）で、マイクロバッチは `m` によらず常に 32行です。こうすると、1つの区間の仕事量がどの実行でも同じになります。
 
 # %% tags=["nbval-ignore-output"]
-from mparlib.devices import pad  # table columns by display width
-
 SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B"}  # the names to print
-print(pad("p", 2, ">"), pad(tr("schedule", "スケジュール"), 12), pad("m", 2, ">"),
-      pad(tr("measured", "測定値"), 9, ">"), pad(tr("formula", "式"), 9, ">"))  # columns by display width
-for n, report in pipe_reports.items():
-    for schedule, rows in report["bubble"].items():
-        for m, row in rows.items():
-            print(pad(n, 2, ">"), pad(SCHEDULES[schedule], 12), pad(m, 2, ">"), pad(f"{row['measured']:.3f}", 9, ">"),
-                  pad(f"{row['formula']:.3f}", 9, ">"))
+print(table([[n, SCHEDULES[schedule], m, f"{row['measured']:.3f}", f"{row['formula']:.3f}"]
+             for n, report in pipe_reports.items() for schedule, rows in report["bubble"].items()
+             for m, row in rows.items()],
+            ["p", ("schedule", "スケジュール"), "m", ("measured", "測定値"), ("formula", "式")]))
 if mparlib.num_gpus() < 4 and (os.cpu_count() or 1) < 4:
     print(tr("4 processes on fewer than 4 cores share them: a rank that waits for a core looks busy, so the "
              "4-process rows are not a test of the formula here.",
@@ -774,8 +769,9 @@ for n, report in pipe_reports.items():
                 assert in_flight(notes) == (m if schedule == "gpipe" else min(m, n - r))
             assert 0 < row["measured"] < 1
     print(f"p={n}: " + tr("most micro-batches in flight on rank 0 with m=8", "m=8 でランク 0 が同時に抱える"
-                            "マイクロバッチの最大数") + ": GPipe "
-          f"{in_flight(report['bubble']['gpipe'][8]['records'][0])}, 1F1B {in_flight(report['bubble']['1f1b'][8]['records'][0])}")
+                            "マイクロバッチの最大数") + ": "
+          + join([f"GPipe {in_flight(report['bubble']['gpipe'][8]['records'][0])}",
+                  f"1F1B {in_flight(report['bubble']['1f1b'][8]['records'][0])}"]))
 
 # %% [markdown]
 # <!-- en -->
@@ -913,8 +909,7 @@ from twod_workers import train_2d
 
 report_2d = launch(train_2d, 4, args=(batches,), kwargs={"lr": LR}, timeout=300)
 print(tr("mesh (dp x tp):", "メッシュ（dp x tp）:"), report_2d["mesh"])
-for name, placement in report_2d["placements"].items():
-    print(f"    {name:<24} {placement}")
+print(table([[name, placement] for name, placement in report_2d["placements"].items()], indent=4))
 total = sum(t.numel() for t in ref_params.values())
 print(tr("parameters held per rank:", "ランクごとに保持するパラメータ数:"), report_2d["held"],
       tr(f"of {total}", f"（全体は {total}）"))
@@ -965,8 +960,8 @@ rows = [
         f"順伝播で {per_block['forward']}回、逆伝播で {per_block['backward']}回のオールリデュース、1回 "
         f"{B * T * dim * 4 / 2**10:.0f} KiB（バッチ {B}）")),
     (tr("pipeline, 2 processes, GPipe", "パイプライン、プロセス 2個、GPipe"),
-     tr("bubble ", "バブル ") + ", ".join(f"m={m}: {r['measured']:.0%} ({r['formula']:.0%})" for m, r in two.items())
-     + tr(" measured (formula)", " 測定値（式）")),
+     tr("bubble, measured (formula): ", "バブルの測定値（式）: ")
+     + join(f"m={m}: {r['measured']:.0%} ({r['formula']:.0%})" for m, r in two.items())),
     (tr("pipeline, per boundary and micro-batch", "パイプライン、境界とマイクロバッチごと"),
      tr(f"one activation of {B // MICRO * T * dim * 4 / 2**10:.0f} KiB forward and its gradient backward",
         f"順伝播で {B // MICRO * T * dim * 4 / 2**10:.0f} KiB の活性化 1つ、逆伝播でその勾配")),
@@ -974,8 +969,7 @@ rows = [
      tr(f"parameters per rank {min(report_2d['held']) / total:.0%} to {max(report_2d['held']) / total:.0%} of the model",
         f"ランクあたりのパラメータはモデルの {min(report_2d['held']) / total:.0%} から {max(report_2d['held']) / total:.0%}")),
 ]
-for what, value in rows:
-    print(pad(what, 40), value)  # padded by display width: a Japanese character takes two columns
+print(table(rows, align="<<"))
 print(tr(f"whole chapter so far: {time.perf_counter() - CHAPTER_START:.0f} s",
          f"ここまでの章全体: {time.perf_counter() - CHAPTER_START:.0f}秒"))
 

@@ -53,8 +53,7 @@ from mparlib import experts, sequence_parallel
 from mparlib import ring_attention as ra
 from mparlib.ddp_train import load_split_tensors
 from mparlib.data import load_fashion_mnist, to_float
-from mparlib.devices import pad
-from mparlib.lang import tr
+from mparlib.lang import join, table, tr
 from mparlib.launch import launch
 from mparlib.rendezvous import describe
 from mparlib.ring_attention import SavedBytes, block_attention, chunks_of, measure_memory, merge
@@ -67,11 +66,8 @@ print(mparlib.report())
 print(mparlib.profile_line())
 PROFILE = mparlib.profile()
 CHAPTER_START = time.perf_counter()
-
-
-def col(text, width, right=False):
-    """``text`` padded to ``width`` display columns of a printed table (an East Asian wide character takes two)."""
-    return pad(text, width, ">" if right else "<")
+VERSIONS = {"mine": ("from primitives", "プリミティブ版"), "pytorch": ("parallelize_module", "parallelize_module")}
+SPLITS = {"contiguous": ("contiguous", "連続した分割"), "balanced": ("balanced", "負荷を均した分割")}
 
 # %% [markdown]
 # <!-- en -->
@@ -152,7 +148,7 @@ print(inspect.getsource(sequence_parallel.SequenceParallelBlock.forward))
 # alone that is 2 all-gathers and 2 reduce-scatters over a forward and a backward pass where chapter 10 had 2
 # all-reduces. Compare the whole block in chapter 10: 2 all-reduces forward and 4 backward, because there each of `q`, `k` and `v` had its own
 # `f`. Here the three projections read one gathered tensor, so their gradients are added on the rank before the
-# single reduce-scatter: chapter 10's first exercise, for free.
+# single reduce-scatter: the first of chapter 10's more questions, for free.
 #
 # PyTorch expresses the same plan with `parallelize_module` (`block_plan` writes it for a `Block`):
 # `SequenceParallel()` on the norms (input and output `Shard(1)`, the sequence dimension), `PrepareModuleInput`
@@ -164,7 +160,7 @@ print(inspect.getsource(sequence_parallel.SequenceParallelBlock.forward))
 # <!-- ja -->
 # 新しい点が 1つあります。LayerNorm の重みと、行並列の層が和の後に足すバイアスは複製されたパラメータですが、今はこのランクのトークンしか見ません。そのため各ランクの勾配は、トークンについての部分和です。`sync_replicated_grads` は逆伝播の後にこれらをオールリデュースします（Megatron-LM も同じことを 1つのバケットで行います）。PyTorch の版では、これらの勾配は `Partial` のまま保たれ、勾配を全体として読むときに和が実行されます。
 #
-# `CommDebugMode` は何回と数えるはずでしょうか。ブロックごとに、順伝播でオールギャザー 2回（アテンションの前と MLP の前）とリデュース・スキャッター 2回（それぞれの後）、逆伝播でも鏡像の形で同じ回数、オールリデュースはなしです（`expected_collectives`）。MLP だけを見ると、順伝播と逆伝播を合わせてオールギャザー 2回とリデュース・スキャッター 2回で、10章ではここがオールリデュース 2回でした。ブロック全体では、10章は順伝播で 2回、逆伝播で 4回のオールリデュースでした。`q`、`k`、`v` がそれぞれ自分の `f` を持っていたからです。ここでは 3つの射影が集めた 1つのテンソルを読むので、その勾配はランクの中で足し合わされてから 1回のリデュース・スキャッターに渡ります。10章の練習問題 1 が、何もしなくても実現しています。
+# `CommDebugMode` は何回と数えるはずでしょうか。ブロックごとに、順伝播でオールギャザー 2回（アテンションの前と MLP の前）とリデュース・スキャッター 2回（それぞれの後）、逆伝播でも鏡像の形で同じ回数、オールリデュースはなしです（`expected_collectives`）。MLP だけを見ると、順伝播と逆伝播を合わせてオールギャザー 2回とリデュース・スキャッター 2回で、10章ではここがオールリデュース 2回でした。ブロック全体では、10章は順伝播で 2回、逆伝播で 4回のオールリデュースでした。`q`、`k`、`v` がそれぞれ自分の `f` を持っていたからです。ここでは 3つの射影が集めた 1つのテンソルを読むので、その勾配はランクの中で足し合わされてから 1回のリデュース・スキャッターに渡ります。10章の「その他の問い」の 1つ目が、何もしなくても実現しています。
 #
 # PyTorch は同じプランを `parallelize_module` で表します（`block_plan` が `Block` 用に書きます）。正規化には `SequenceParallel()`（入力と出力は系列の次元の `Shard(1)`）、アテンションと MLP の前には `Shard(1)` を `Replicate()` にする `PrepareModuleInput`（オールギャザー）、中には `ColwiseParallel`、出口には `RowwiseParallel(output_layouts=Shard(1))`（リデュース・スキャッター）を置きます。次のワーカーは両方の版を分割前のブロックと float64 で比べます。出力、入力の勾配、すべてのパラメータの勾配です。入力は、画像 8枚を 7 x 7 ピクセルのパッチに切ったトークンです（`T = 16` は 2 でも 4 でも割り切れます。4 x 4 のパッチの 49トークンでは割り切れません）。
 
@@ -260,20 +256,18 @@ def sequence_checks():
 from sp_workers import B, DIM, HEADS, HIDDEN, T, sequence_checks
 
 sp_reports = {n: launch(sequence_checks, n, timeout=300) for n in (2, 4)}
+print(table([[f"n={n}", VERSIONS[version], str(report[version]["counts"]["forward"]),
+              str(report[version]["counts"]["backward"])]
+             for n, report in sp_reports.items() for version in ("mine", "pytorch")],
+            ["", "", ("forward", "順伝播"), ("backward", "逆伝播")]))
 for n, report in sp_reports.items():
-    for version in ("mine", "pytorch"):
-        c = report[version]["counts"]
-        print(f"n={n} " + col(tr("from primitives", "プリミティブ版") if version == "mine" else "parallelize_module", 19),
-              tr("forward", "順伝播"), c["forward"], "|", tr("backward", "逆伝播"), c["backward"])
-    print(" " * 6 + tr("replicated gradients all-reduced after the backward pass",
-                       "逆伝播の後にオールリデュースした複製パラメータの勾配") + f": {report['mine']['synced']}")
+    print(f"n={n}: " + tr("replicated gradients all-reduced after the backward pass",
+                          "逆伝播の後にオールリデュースした複製パラメータの勾配") + f": {report['mine']['synced']}")
 
 # %% tags=["nbval-ignore-output"]
-for n, report in sp_reports.items():
-    for version in ("mine", "pytorch"):
-        print(f"n={n} " + col(tr("from primitives", "プリミティブ版") if version == "mine" else "parallelize_module", 19)
-              + tr("largest difference to the unsplit block", "分割前のブロックとの最大の差")
-              + f": {max(report[version]['diffs'].values()):.1e}")
+print(table([[f"n={n}", VERSIONS[version], f"{max(report[version]['diffs'].values()):.1e}"]
+             for n, report in sp_reports.items() for version in ("mine", "pytorch")],
+            ["", "", ("largest difference to the unsplit block", "分割前のブロックとの最大の差")]))
 
 # %%
 per_pass = {"all_gather": 2, "reduce_scatter": 2, "all_reduce": 0}
@@ -307,9 +301,9 @@ print(tr("sequence parallel = unsplit block on 2 and 4 processes, both versions:
 # <!-- ja -->
 # ### 活性化のメモリ
 #
-# ランクは逆伝播のために何を保存しているでしょうか。`SavedBytes` は、有効な間に autograd が保存するテンソルを数えます（`torch.autograd.graph.saved_tensors_hooks` を使います）。同じ記憶領域は 1回だけ数え、重みは数えません。形状（float32、`B = 8`、`T = 16`、`dim = 64`、`hidden = 128`、ヘッド 4つ）から、すべてのバイトを予想できます。
+# ランクは逆伝播のために何を保存しているでしょうか。`SavedBytes` は、有効な間に autograd が保存するテンソルを数えます（`torch.autograd.graph.saved_tensors_hooks` を使います）。同じストレージは 1回だけ数え、重みは数えません。形状（float32、`B = 8`、`T = 16`、`dim = 64`、`hidden = 128`、ヘッド 4つ）から、すべてのバイトを予想できます。
 #
-# - どちらの方式でもヘッドまたは中間の特徴で分かれるもの: `q`、`k`、`v` とアテンションの出力（4 x `BTd`。出力の射影も自分の入力を保存しますが、その入力はアテンションの出力と同じ記憶領域のビューです）、GELU と `fc2` の入力（2 x `BTh`）、アテンションの log-sum-exp（`B x heads x T`）。
+# - どちらの方式でもヘッドまたは中間の特徴で分かれるもの: `q`、`k`、`v` とアテンションの出力（4 x `BTd`。出力の射影も自分の入力を保存しますが、その入力はアテンションの出力と同じストレージのビューです）、GELU と `fc2` の入力（2 x `BTh`）、アテンションの log-sum-exp（`B x heads x T`）。
 # - テンソル並列ではどのランクでも丸ごと持つもの: 2つの正規化の入力と出力（4 x `BTd`）、正規化の平均と標準偏差の逆数（4 x `BT`）。
 # - シーケンス並列では、正規化の入力と統計量が `n` 分の 1 になります。正規化の出力は集めた後のものを列並列の層が保存するので、丸ごとのままです。
 
@@ -327,13 +321,10 @@ def predicted_saved(n, form, size=4):
 
 FORMS = {"unsplit": tr("unsplit", "分割なし"), "tensor": tr("tensor parallel", "テンソル並列"),
          "sequence": tr("sequence parallel", "シーケンス並列")}
-print(f"{'n':>2} " + col(tr("form", "方式"), 18) + col(tr("measured", "測定値"), 13, right=True)
-      + col(tr("predicted", "予想"), 13, right=True) + "  " + tr("of unsplit", "分割なしに対する割合"))
-for n, report in sp_reports.items():
-    saved = report["saved"]
-    for form, label in FORMS.items():
-        kib, predicted = saved[form] / 2**10, predicted_saved(n, form) / 2**10
-        print(f"{n:>2} " + col(label, 18) + f"{kib:>9.1f} KiB {predicted:>8.1f} KiB  {saved[form] / saved['unsplit']:.0%}")
+print(table([[n, label, f"{report['saved'][form] / 2**10:.1f} KiB", f"{predicted_saved(n, form) / 2**10:.1f} KiB",
+              f"{report['saved'][form] / report['saved']['unsplit']:.0%}"]
+             for n, report in sp_reports.items() for form, label in FORMS.items()],
+            ["n", ("form", "方式"), ("measured", "測定値"), ("predicted", "予想"), ("of unsplit", "分割なしに対する割合")]))
 for n, report in sp_reports.items():
     if report["device"] == "cpu":  # GPU attention kernels save other tensors than the CPU's
         for form, measured in report["saved"].items():
@@ -591,13 +582,18 @@ LENGTHS = (16, 196, 784)  # tokens of 7x7, 2x2 and 1x1 patches; 49 (4x4 patches)
 TIMING = dict(length=784, batch=8, heads=4, dim=16, min_repeats=5 if PROFILE == "smoke" else 20)
 cp_reports = {n: launch(context_parallel_report, n, args=(LENGTHS, TIMING), kwargs={"overlap": n == 2}, timeout=300)
               for n in (2, 4)}
-print(tr("cases checked:", "検査した場合:"), list(cp_reports[2]["diffs"]))
+CASE_NAMES = {"full contiguous": ("non-causal, contiguous", "非因果的・連続した分割"),
+              "causal contiguous": ("causal, contiguous", "因果的・連続した分割"),
+              "causal balanced": ("causal, balanced", "因果的・負荷を均した分割")}  # the workers' keys, as printed
+print(tr("cases checked:", "検査した場合:"), join(CASE_NAMES[case] for case in cp_reports[2]["diffs"]))
 
 # %% tags=["nbval-ignore-output"]
+print(table([[f"n={n}", case, f"{d:.1e}"] for n, report in cp_reports.items()
+             for case, d in ((CASE_NAMES[c], d) for c, d in report["diffs"].items())],
+            ["", ("case", "場合"), ("largest difference to one process", "1個のプロセスとの最大の差")]))
 for n, report in cp_reports.items():
-    print(f"n={n}: " + ", ".join(f"{case} {d:.1e}" for case, d in report["diffs"].items())
-          + tr(f"; vs context_parallel {report['context_parallel']['diff']:.1e}, which ran ",
-               f"。context_parallel との差 {report['context_parallel']['diff']:.1e}、PyTorch が使った集合通信 ")
+    print(f"n={n}: " + tr(f"context_parallel differs by {report['context_parallel']['diff']:.1e} and ran ",
+                          f"context_parallel との差 {report['context_parallel']['diff']:.1e}。PyTorch が使った集合通信 ")
           + str(report["context_parallel"]["collectives"]))
 
 # %%
@@ -646,13 +642,11 @@ for length in LENGTHS:
         sdpa.setdefault(name, {})[length] = saved.bytes
 memory = {1: one, **{n: max(r["memory"], key=lambda m: m[LENGTHS[-1]]["activation_bytes"])
                      for n, r in cp_reports.items()}}  # the largest rank
-print(f"{'':<34}" + "".join(f"T={t:>6}   " for t in LENGTHS))
-for n, rows in memory.items():
-    label = tr(f"ring, N={n}, per rank", f"リング、N={n}、ランクあたり")
-    print(f"{label:<34}" + "".join(f"{rows[t]['activation_bytes'] / 2**20:>8.2f} MiB" for t in LENGTHS))
-for name, rows in sdpa.items():
-    label = tr(f"SDPA {name}, 1 process, saved only", f"SDPA {name}、プロセス 1個、保存分のみ")
-    print(f"{label:<34}" + "".join(f"{rows[t] / 2**20:>8.2f} MiB" for t in LENGTHS))
+print(table([[(f"ring, N={n}, per rank", f"リング、N={n}、ランクあたり")]
+              + [f"{rows[t]['activation_bytes'] / 2**20:.2f} MiB" for t in LENGTHS] for n, rows in memory.items()]
+            + [[(f"SDPA {name}, 1 process, saved only", f"SDPA {name}、プロセス 1個、保存分のみ")]
+               + [f"{rows[t] / 2**20:.2f} MiB" for t in LENGTHS] for name, rows in sdpa.items()],
+            [""] + [f"T={t}" for t in LENGTHS]))
 
 # %%
 longest = LENGTHS[-1]
@@ -696,10 +690,12 @@ print(tr(f"at T={longest}: activation bytes per rank / (one process / N) = "
 
 # %% tags=["nbval-ignore-output"]
 overlap = cp_reports[2]["overlap"]
-for name, label in (("compute", tr("compute alone", "計算だけ")), ("communication", tr("send/recv alone", "送受信だけ")),
-                    ("ring", tr("ring (both)", "リング（両方）"))):
-    median, low, high = overlap["ms_per_step"][name]
-    print(col(label, 20) + f" {median:8.2f} ms " + tr("per step", "/ステップ") + f"  ({low:.2f} - {high:.2f})")
+print(table([[label, f"{overlap['ms_per_step'][name][0]:.2f}",
+              f"{overlap['ms_per_step'][name][1]:.2f}-{overlap['ms_per_step'][name][2]:.2f}"]
+             for name, label in (("compute", ("compute alone", "計算だけ")),
+                                 ("communication", ("send/recv alone", "送受信だけ")),
+                                 ("ring", ("ring (both)", "リング（両方）")))],
+            ["", ("ms per step", "ステップあたり ms"), ("min-max ms", "最小-最大 ms")]))
 load, busy = overlap["load"], overlap["load"]["busy"]
 print(tr(f"{overlap['repeats']} rounds; load average (1 min) {load['before']:.2f} before, {load['after']:.2f} after: "
          + ("busy (above 0.3 per core)" if busy else "not busy"),
@@ -740,14 +736,15 @@ assert overlap["repeats"] >= TIMING["min_repeats"] and 0 <= overlap["hidden"] <=
 # `measure_balance` は、因果マスクが各ランクに残すブロックだけを、通信なしで計算して `measure` で時間を測ります（ランクごとの中央値と、括弧の中に最も速い呼び出しと最も遅い呼び出しの時間を示します）。あわせて、ランクが計算するスコアの要素の数も数えます。これはマシンによらない仕事量の目安です。
 
 # %% tags=["nbval-ignore-output"]
+rows = []
 for n, report in cp_reports.items():
     for split, ranks in report["balance"].items():
         ms = [r["ms"] for r in ranks]
-        mean = sum(ms) / len(ms)
-        spread = " ".join(f"{r['ms']:6.1f} ({r['ms_min_max'][0]:.1f}-{r['ms_min_max'][1]:.1f})" for r in ranks)
-        busy = tr(", busy", "、混んだマシン") if any(r["busy"] for r in ranks) else ""
-        print(f"n={n} {split:<10} " + tr("ms per rank", "ランクごとの ms") + " " + spread
-              + tr(f"   slowest / mean {max(ms) / mean:.2f}", f"   最も遅いランク / 平均 {max(ms) / mean:.2f}") + busy)
+        busy = tr(" (busy)", "（混んだマシン）") if any(r["busy"] for r in ranks) else ""
+        rows.append([f"n={n}", SPLITS[split], f"{max(ms) / (sum(ms) / len(ms)):.2f}{busy}"]
+                    + [f"{r['ms']:.1f} ({r['ms_min_max'][0]:.1f}-{r['ms_min_max'][1]:.1f})" for r in ranks])
+print(table(rows, ["", "", ("slowest / mean", "最も遅いランク / 平均")]
+            + [(f"rank {r} ms", f"ランク {r} の ms") for r in range(max(len(row) - 3 for row in rows))]))
 
 # %%
 for n, report in cp_reports.items():
@@ -1183,15 +1180,14 @@ batches = [(x.clone(), y.clone()) for x, y in train_iter]
 test = [(x.clone(), y.clone()) for x, y in test_iter]
 moe_report = launch(moe_checks, 2, args=(batches, test), timeout=600)
 CASES = {"no drops": tr("no drops", "ドロップなし"), "drops": tr("drops", "ドロップあり")}
-for case, r in moe_report["layer"].items():
-    print(col(CASES[case], 13), tr("dropped", "ドロップ"), r["dropped"], "|",
-          tr("rank 0's bytes per call", "ランク 0 の呼び出しごとのバイト数"), r["counted"])
-    print(" " * 14 + tr("predicted from the routing", "ルーティングからの予想"), r["predicted"])
+print(table([[CASES[case], r["dropped"], str(r["counted"]), str(r["predicted"])]
+             for case, r in moe_report["layer"].items()],
+            ["", ("dropped", "ドロップ"), ("rank 0's bytes per call", "ランク 0 の呼び出しごとのバイト数"),
+             ("predicted from the routing", "ルーティングからの予想")]))
 
 # %% tags=["nbval-ignore-output"]
-for case, r in moe_report["layer"].items():
-    print(col(CASES[case], 13) + tr("largest difference to the one-process layer", "1個のプロセスの層との最大の差")
-          + f": {max(r['diffs'].values()):.1e}")
+print(table([[CASES[case], f"{max(r['diffs'].values()):.1e}"] for case, r in moe_report["layer"].items()],
+            ["", ("largest difference to the one-process layer", "1個のプロセスの層との最大の差")]))
 
 # %%
 for case, r in moe_report["layer"].items():
@@ -1232,9 +1228,9 @@ print(tr("first 3 losses, 2 processes = one process (float32, tolerance 1e-4)",
 print(tr("one process:  ", "1個のプロセス: "), [f"{v:.6f}" for v in ref_losses])
 print(tr("2 processes:  ", "2個のプロセス: "), [f"{v:.6f}" for v in balanced["losses"][:3]])
 RUNS = {"balanced": tr("with balancing loss", "補助損失あり"), "unbalanced": tr("without", "補助損失なし")}
-for name, r in (("balanced", balanced), ("unbalanced", unbalanced)):
-    print(col(RUNS[name], 20) + tr("test accuracy", "テスト精度") + f" {r['accuracy']:.1%}" + tr(", ", "、")
-          + tr("last loss", "最後の損失") + f" {r['losses'][-1]:.3f}")
+print(table([[RUNS[name], f"{r['accuracy']:.1%}", f"{r['losses'][-1]:.3f}"]
+             for name, r in (("balanced", balanced), ("unbalanced", unbalanced))],
+            ["", ("test accuracy", "テスト精度"), ("last loss", "最後の損失")]))
 print(tr(f"whole chapter so far: {time.perf_counter() - CHAPTER_START:.0f} s",
          f"ここまでの章全体: {time.perf_counter() - CHAPTER_START:.0f}秒"))
 
@@ -1273,9 +1269,9 @@ plt.show()
 # %% tags=["nbval-ignore-output"]
 shares = {name: [max(c) / sum(c) for c in r["routed"]] for name, r in (("balanced", balanced),
                                                                       ("unbalanced", unbalanced))}
-for name, row in shares.items():
-    print(col(RUNS[name], 20) + tr("largest expert's share per block", "ブロックごとの最大のエキスパートの割合") + ": "
-          + ", ".join(f"{s:.0%}" for s in row))
+print(table([[RUNS[name]] + [f"{s:.0%}" for s in row] for name, row in shares.items()],
+            [""] + [(f"block {b}: largest expert's share", f"ブロック {b}: 最大のエキスパートの割合")
+                    for b in range(max(len(row) for row in shares.values()))]))
 
 # %%
 assert max(shares["balanced"]) < max(shares["unbalanced"]), shares

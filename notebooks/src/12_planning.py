@@ -23,10 +23,10 @@
 # <!-- ja -->
 # # 12. 訓練のプラン: スケジュール、レイアウトのプランナー、手元のクラスタでの選び方
 #
-# 8〜11章では、訓練を分ける方法を十あまり扱いました。シャーディングのあるデータ並列とないデータ並列、テンソル並列、シーケンス並列、コンテキスト並列、エキスパート並列、パイプライン並列です。どれもメッセージから組み立て、1個のプロセスと等しいことを証明し、測りました。読み終えた人が最後に抱く問いは、この章が答える問いです。**自分のモデルを自分のクラスタで訓練するには、どのレイアウトを使えばよいのでしょうか。** この章は 4つの段階で答えます。
+# 8〜11章では、訓練を分ける方法を十あまり扱いました。シャーディングのあるデータ並列とないデータ並列、テンソル並列、シーケンス並列、コンテキスト並列、エキスパート並列、パイプライン並列です。どれもメッセージから組み立て、1個のプロセスと等しいことを証明し、測りました。ここまで読むと、最後に 1つの問いが残ります。**自分のモデルを自分のクラスタで訓練するには、どのレイアウトを使えばよいのでしょうか。** この章は、この問いに 4つの段階で答えます。
 #
 # 1. **1F1B の先のスケジュール。** 10章ではパイプラインのバブルを測りました。インターリーブ（1つのランクに小さなステージを複数置く方法）とゼロバブルのスケジュール（逆伝播を入力の勾配のパスと重みの勾配のパスに分ける方法）は、バブルを小さくします。これらを実行し、1個のプロセスと比べて確かめ、式と並べて測ります。
-# 2. **レイアウトのプランナー。** 小さなモジュール `mparlib.planner` は、モデルの形状、グローバルバッチ、クラスタのいくつかの数値から、レイアウトのランクあたりのメモリと 1ステップの時間を予測します。使う式はどれもこれまでの章のもので、それを測った章を示します。
+# 2. **レイアウトのプランナー。** 小さなモジュール `mparlib.planner` は、モデルの形状、全体のバッチサイズ、クラスタのいくつかの数値から、レイアウトのランクあたりのメモリと 1ステップの時間を予測します。使う式はどれもこれまでの章のもので、それを測った章を示します。
 # 3. **8個のプロセスでの検証。** このコースの Transformer を、このマシンの 8個のプロセスでいくつかのレイアウトで訓練し、それぞれを 1個のプロセスと比べて確かめます。そして、同じ実行の中で測った入力から作ったプランナーの予測を、測った値と並べます。
 # 4. **大規模な構成の机上検討。** 同じプランナーに公表されているハードウェアの数値を与え、8B と 70B のモデルを 64〜8,192枚の GPU で訓練する場合と、MoE のモデルの場合を検討し、Llama 3 の訓練に使われたレイアウトと並べます。
 #
@@ -42,22 +42,17 @@ from torch.nn import functional as F
 import mparlib
 import mparlib.plot
 from mparlib import diagrams, layouts, planner, schedules
-from mparlib.devices import pad
 from mparlib.errors import ConfigError
-from mparlib.lang import tr
+from mparlib.lang import join, table, tr
 from mparlib.launch import launch
 from mparlib.rendezvous import describe, interface_of, listening_store
+from mparlib.sharding import PART_NAMES as PART  # params, grads, optimizer, other: each edition's label
 
 # %load_ext mparlib.launch
 
-# This chapter runs pipelining's ScheduleDualPipeV (torch 2.9) and replays schedules with torch's own order of passes
-# (torch 2.8). An older torch would fail deep inside a worker, so say so now.
-if tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2]) < (2, 9):
-    raise ConfigError(tr(f"Chapter 12 needs torch 2.9 or newer (this is {torch.__version__}): it runs "
-                         "ScheduleDualPipeV and replays torch's schedules. Upgrade torch (pip install 'torch>=2.9').",
-                         f"12章には torch 2.9 以降が必要です（この環境は {torch.__version__} です）。ScheduleDualPipeV を"
-                         "実行し、torch のスケジュールを再現するからです。torch を更新してください"
-                         "（pip install 'torch>=2.9'）。"))
+# The course needs torch 2.11 or newer (pyproject.toml; this chapter runs ScheduleDualPipeV and replays torch's own
+# order of passes, both newer than that). An older torch would fail deep inside a worker, so say so now.
+floor = mparlib.devices.check_torch(tr("Chapter 12", "12章"))
 mparlib.plot.use_course_style()  # a font with Japanese glyphs for this notebook's figures
 print(mparlib.report())
 print(mparlib.profile_line())
@@ -113,17 +108,16 @@ for n in (2, 4, 8):
 # 10章では GPipe と 1F1B を測り、1F1B が節約するのはメモリで、時間ではないことを確かめました。どちらでも、各ランクはステップのうち `(p - 1) / (m + p - 1)` の割合だけ遊んでいます。最初のマイクロバッチが最後のステージに届き、その勾配が戻ってくるまでの時間です。マイクロバッチを増やさずにこの遊びを減らす考え方が 2つあります。
 #
 # - **インターリーブ**（インターリーブ 1F1B。Narayanan ら、2021年、"Efficient Large-Scale Language Model Training on GPU Clusters Using Megatron-LM"）。モデルを `p` 個ではなく `v p` 個のステージに切り、各ランクにループ状に `v` 個ずつ持たせます。ランク `r` はステージ `r, r + p, r + 2p, ...` を持ちます。ステージは `v` 分の 1 の大きさになるので、パイプラインを満たして空にする費用は、`v` 分の 1 の大きさのステージの `(p - 1)` 回分です。遊びは `(p - 1) / v`、仕事は `m` で、割合は `(p - 1) / (v m + p - 1)` になります。その代わり、マイクロバッチはランクの間を `v` 周するのでメッセージは `v` 倍になり、同時に抱えるマイクロバッチも増えます。
-# - **ゼロバブル**（Qi ら、2024年、"Zero Bubble Pipeline Parallelism"）。ステージの逆伝播は 2つの計算からなります。入力についての勾配（ここでは I と呼びます。論文では B）は前のステージが待っています。重みについての勾配（W）は誰も待っていません。W を後回しにして、ランクが待つはずだった時間に実行すれば、バブルが埋まります。論文の ZB-V スケジュールは、各ランクに 2つのステージを **V** の形に持たせます。ランク `r` はステージ `r` と `2p - 1 - r` を持ちます。マイクロバッチはランクを下っていき、また上ってきます。ランク 0 は最初のステージと最後のステージを持ち、損失を計算します。ステージの F、I、W がどれも同じ時間なら、`m >= 2p - 1` のとき各ランクが遊ぶのは、`m` がいくら大きくても `p - 1` 回分だけです。割合 `(p - 1) / (6 m + p - 1)` は 0 に近づいていきます（論文が「ゼロバブル」と呼ぶのは、各ランクが自分の仕事を終えたらすぐ次のステップを始められるからです。ここでのように 1ステップを最初の開始から最後の終了まで測ると、この `p - 1` 回分が残ります）。DualPipeV（DeepSeek の DualPipe、2024年から）も同じ V の配置を使い、順伝播と逆伝播を組にして進めます。
+# - **ゼロバブル**（Qi ら、2024年、"Zero Bubble Pipeline Parallelism"）。ステージの逆伝播は 2つの計算からなります。入力についての勾配（ここでは I と呼びます。論文では B）は前のステージが待っています。重みについての勾配（W）は誰も待っていません。W を後回しにして、ランクが待つはずだった時間に実行すれば、バブルが埋まります。論文の ZB-V スケジュールは、各ランクに 2つのステージを **V** の形に持たせます。ランク `r` はステージ `r` と `2p - 1 - r` を持ちます。マイクロバッチはランクを下っていき、また上ってきます。ランク 0 は最初のステージと最後のステージを持ち、損失を計算します。ステージの F、I、W がどれも同じ時間なら、`m >= 2p - 1` のとき各ランクが遊ぶのは、`m` がいくら大きくても `p - 1` 回分だけです。割合 `(p - 1) / (6 m + p - 1)` は 0 に近づいていきます（論文が「ゼロバブル」と呼ぶのは、各ランクが自分の仕事を終えたらすぐ次のステップを始められるからです。ここでのように 1ステップを最初の開始から最後の終了まで測ると、この `p - 1` 回分が残ります）。DualPipeV（DeepSeek の DualPipe、2024年から）も同じ V 字の配置を使い、順伝播と逆伝播を組にして進めます。
 #
-# ランクが持つステージは `schedules.stage_indices` が返します。スケジュールに何が必要かは、torch より先に `schedules.check_micro_batches` が教えてくれます（1F1B は `p` 個以上のマイクロバッチ、DualPipeV は `2p` 個以上、インターリーブのスケジュールは `p` 個ずつの回がちょうど割り切れる数）。V の配置では、真ん中のランクが隣り合う 2つのステージを持ちます（ランク `p - 1` がステージ `p - 1` と `p` を持ちます）。torch 2.11 のスケジュールは最初のステップの前に、隣のステージそれぞれへ小さなメッセージを送ってリンクを開きます。このとき自分のランクの中の隣にも送りますが、gloo はランクから自分自身へは送れません。`schedules.without_self_messages` はそのメッセージを除きます（torch 2.14 は自分で飛ばします）。
+# ランクが持つステージは `schedules.stage_indices` が返します。スケジュールに何が必要かは、torch より先に `schedules.check_micro_batches` が教えてくれます（1F1B は `p` 個以上のマイクロバッチ、DualPipeV は `2p` 個以上、インターリーブのスケジュールは `p` 個ずつの回がちょうど割り切れる数）。V 字の配置では、真ん中のランクが隣り合う 2つのステージを持ちます（ランク `p - 1` がステージ `p - 1` と `p` を持ちます）。torch 2.11 のスケジュールは最初のステップの前に、隣のステージそれぞれへ小さなメッセージを送ってリンクを開きます。このとき自分のランクの中の隣にも送りますが、gloo はランクから自分自身へは送れません。`schedules.without_self_messages` はそのメッセージを除きます（torch 2.14 は自分で飛ばします）。
 
 # %%
 NAMES = {"1f1b": "1F1B", "interleaved1f1b": tr("interleaved 1F1B", "インターリーブ 1F1B"), "zbv": "ZBV",
          "dualpipev": "DualPipeV"}
 print(tr("stages held by each rank, p = 4", "各ランクが持つステージ（p = 4）"))
-print(pad(tr("schedule", "スケジュール"), 20) + "".join(pad(tr(f"rank {r}", f"ランク {r}"), 10) for r in range(4)))
-for name in NAMES:
-    print(pad(NAMES[name], 20) + "".join(pad(str(schedules.stage_indices(name, r, 4)), 10) for r in range(4)))
+print(table([[NAMES[name]] + [str(schedules.stage_indices(name, r, 4)) for r in range(4)] for name in NAMES],
+            [("schedule", "スケジュール")] + [(f"rank {r}", f"ランク {r}") for r in range(4)]))
 try:
     schedules.check_micro_batches("interleaved1f1b", 4, 9)
 except ConfigError as error:  # what a learner sees instead of torch's error deep inside the schedule
@@ -179,12 +173,9 @@ beyond = {2: launch(schedules.measure_schedules, 2, kwargs=dict(SCHEDULE_RUN, mi
                     timeout=300),
           4: launch(schedules.measure_schedules, 4, kwargs=dict(SCHEDULE_RUN, micro_batches=(8,), steps=2),
                     timeout=300)}
-print(pad(tr("schedule", "スケジュール"), 18) + pad("p", 3, ">") + pad("m", 4, ">")
-      + pad(tr("gradients vs 1 process", "勾配の差（1プロセス比）"), 26, ">"))
-for p, result in beyond.items():
-    for name, by_m in result.items():
-        for m, entry in by_m.items():
-            print(pad(NAMES[name], 18) + pad(p, 3, ">") + pad(m, 4, ">") + pad(f"{entry['parity']:.1e}", 26, ">"))
+print(table([[NAMES[name], p, m, f"{entry['parity']:.1e}"] for p, result in beyond.items()
+             for name, by_m in result.items() for m, entry in by_m.items()],
+            [("schedule", "スケジュール"), "p", "m", ("gradients vs 1 process", "勾配の差（1プロセス比）")]))
 
 # %%
 for p, result in beyond.items():
@@ -212,19 +203,16 @@ for p, result in beyond.items():
 # 各実行のバブルです。測ったステップの中央値（最小値と最大値も）、式の値、そしてこの実行で測ったパスの時間の中央値を `simulate_schedule` に与えた値（計算だけを数え、通信は時間 0）を並べます。インターリーブ 1F1B の「遊び/仕事」の列は、式の遊びの時間を仕事の時間で割った値で、Megatron-LM の論文の `(p - 1) / (v m)` です。
 
 # %% tags=["nbval-ignore-output"]
-header = (pad(tr("schedule", "スケジュール"), 18) + pad("p", 3, ">") + pad("m", 4, ">")
-          + pad(tr("measured", "測定"), 10, ">") + pad(tr("min-max", "最小-最大"), 14, ">")
-          + pad(tr("formula", "式"), 9, ">") + pad(tr("idle/busy", "遊び/仕事"), 11, ">")
-          + pad(tr("simulated", "模擬"), 10, ">"))
-print(header)
+rows = []
 for p, result in beyond.items():
     for name, by_m in result.items():
         for m, e in by_m.items():
             formula = "-" if e["formula"] is None else f"{e['formula']:.3f}"
-            ratio = f"{e['formula'] / (1 - e['formula']):.3f}" if name == "interleaved1f1b" else ""
-            print(pad(NAMES[name], 18) + pad(p, 3, ">") + pad(m, 4, ">") + pad(f"{e['measured']:.3f}", 10, ">")
-                  + pad(f"{min(e['steps']):.3f}-{max(e['steps']):.3f}", 14, ">") + pad(formula, 9, ">")
-                  + pad(ratio, 11, ">") + pad(f"{e['simulated']:.3f}", 10, ">"))
+            ratio = f"{e['formula'] / (1 - e['formula']):.3f}" if name == "interleaved1f1b" else "-"
+            rows.append([NAMES[name], p, m, f"{e['measured']:.3f}", f"{min(e['steps']):.3f}-{max(e['steps']):.3f}",
+                         formula, ratio, f"{e['simulated']:.3f}"])
+print(table(rows, [("schedule", "スケジュール"), "p", "m", ("measured", "測定値"), ("min-max", "最小-最大"),
+                   ("formula", "式"), ("idle/busy", "遊び/仕事"), ("simulated", "模擬")], align="<>>>>>>>"))
 
 # %%
 for p, result in beyond.items():
@@ -259,9 +247,7 @@ plt.show()
 # 同時に抱える活性化です。1F1B のランク `r` が一度に抱えるマイクロバッチは最大 `p - r` 個で、最初のランクでは `p` 個です。ステージの数で数えると比べにくくなります。2つのステージを持つスケジュールでは、ステージが半分の大きさだからです。そこで表にはバイト数も載せます。同時に抱えるマイクロバッチの最大数に、そのランクのステージ 1つでマイクロバッチ 1つのために autograd が取っておく量を掛けたもので、いちばん多く抱えるランクの値です。「I まで」は入力の勾配まで、「W まで」は重みの勾配まで数えます。重みの勾配にも各層の入力が必要だからです。
 
 # %%
-print(pad(tr("schedule", "スケジュール"), 18) + pad("p", 3, ">") + pad("m", 4, ">")
-      + pad(tr("per rank, until I", "ランクごと（I まで）"), 22, ">") + pad(tr("until W", "W まで"), 16, ">")
-      + pad("KiB", 8, ">") + pad(tr("vs 1F1B", "1F1B 比"), 9, ">"))
+rows = []
 for p, result in beyond.items():
     for m in (8,):
         base = None
@@ -270,9 +256,10 @@ for p, result in beyond.items():
             until_i = [c["I"] for c in e["in_flight"]]
             held = max(until_i) * e["saved_bytes"]
             base = held if name == "1f1b" else base
-            print(pad(NAMES[name], 18) + pad(p, 3, ">") + pad(m, 4, ">") + pad(str(until_i), 22, ">")
-                  + pad(str([c["W"] for c in e["in_flight"]]), 16, ">") + pad(f"{held / 2**10:.0f}", 8, ">")
-                  + pad(f"{held / base:.2f}", 9, ">"))
+            rows.append([NAMES[name], p, m, str(until_i), str([c["W"] for c in e["in_flight"]]), f"{held / 2**10:.0f}",
+                         f"{held / base:.2f}"])
+print(table(rows, [("schedule", "スケジュール"), "p", "m", ("per rank, until I", "ランクごと（I まで）"),
+                   ("until W", "W まで"), "KiB", ("vs 1F1B", "1F1B 比")], align="<>>>>>>"))
 
 # %%
 for p, result in beyond.items():
@@ -290,21 +277,22 @@ for p, result in beyond.items():
 # The time between passes is the other place: `gap per pass` is how much longer the step took than its replay by
 # `simulate_schedule` with the run's own median pass times, divided by the number of passes a rank runs.
 # <!-- ja -->
-# パスごとの決まった費用が、それぞれの式に何をするかを見ます。10章では、大きさによらずマイクロバッチごとにかかる費用が見つかりました。それはどこにあるのでしょうか。`k` 層のパスにかかる時間を `c + k a` とします。同じ種類のパスを、1F1B のステージと半分の大きさのステージ（p = 2 では 4層と 2層、p = 4 では 2層と 1層）で比べると、`c = 2 t(半分) - t(全体)` です。ここでは最短のパスを使います（共有のマシンでは、パスが遅くなることはあっても速くなることはないからです）。もう 1つの候補はパスとパスの間の時間です。「パスあたりの隙間」は、実行で測ったパスの時間の中央値で `simulate_schedule` が再現したステップより実際のステップがどれだけ長かったかを、1つのランクが実行するパスの数で割ったものです。
+# パスごとの固定のコストが、それぞれの式に何をするかを見ます。10章では、大きさによらずマイクロバッチごとにかかる費用が見つかりました。それはどこにあるのでしょうか。`k` 層のパスにかかる時間を `c + k a` とします。同じ種類のパスを、1F1B のステージと半分の大きさのステージ（p = 2 では 4層と 2層、p = 4 では 2層と 1層）で比べると、`c = 2 t(半分) - t(全体)` です。ここでは最短のパスを使います（共有のマシンでは、パスが遅くなることはあっても速くなることはないからです）。もう 1つの候補はパスとパスの間の時間です。「パスあたりの隙間」は、実行で測ったパスの時間の中央値で `simulate_schedule` が再現したステップより実際のステップがどれだけ長かったかを、1つのランクが実行するパスの数で割ったものです。
 
 # %% tags=["nbval-ignore-output"]
+costs, gaps = [], []
 for p, result in beyond.items():
     m = 8
     full, half = result["1f1b"][m]["fastest"], result["interleaved1f1b"][m]["fastest"]
     for kind in "FB":
         c, per_layer = 2 * half[kind] - full[kind], (full[kind] - half[kind]) / (8 // p - 8 // (2 * p))
-        print(f"p={p}, m={m}, {kind}: " + tr(f"fixed {1e3 * c:.2f} ms, per layer {1e3 * per_layer:.2f} ms",
-                                             f"決まった費用 {1e3 * c:.2f} ms、1層あたり {1e3 * per_layer:.2f} ms"))
+        costs.append([p, m, kind, f"{1e3 * c:.2f}", f"{1e3 * per_layer:.2f}"])
     for name, by_m in result.items():
-        print(f"p={p}, m={m}, {pad(NAMES[name], 18)}" + tr("gap per pass", "パスあたりの隙間")
-              + f" {1e3 * by_m[m]['gap_per_pass']:.2f} ms, "
-              + tr(f"{sum(map(len, by_m[m]['notes'])) // p} passes per rank",
-                   f"ランクあたり {sum(map(len, by_m[m]['notes'])) // p}回のパス"))
+        gaps.append([p, m, NAMES[name], f"{1e3 * by_m[m]['gap_per_pass']:.2f}", sum(map(len, by_m[m]['notes'])) // p])
+print(table(costs, ["p", "m", ("pass", "パス"), ("fixed ms", "固定のコスト ms"), ("ms per layer", "1層あたり ms")]))
+print()
+print(table(gaps, ["p", "m", ("schedule", "スケジュール"), ("gap per pass, ms", "パスあたりの隙間 ms"),
+                   ("passes per rank", "ランクあたりのパス数")]))
 
 # %%
 for p, result in beyond.items():
@@ -332,7 +320,7 @@ for p, result in beyond.items():
 # a core; how large the gap is on a quiet machine, this run cannot say. The schedules that win on a GPU cluster, where a pass lasts far longer than a message, do not win
 # here. To see the formulas, make each pass long beside the gap: wider layers, more rows per micro-batch.
 # <!-- ja -->
-# どの式も仕事だけを数えています。パスごとに決まった費用がかかるなら、1F1B のランクはそれを 1ステップに `2 m` 回払います（マイクロバッチごとに F と B）。インターリーブ 1F1B は `2 v m` 回で、マイクロバッチがランクを `v` 周するので、メッセージも `v` 倍になります。ZBV は `6 m` 回（2つのステージそれぞれで F、I、W）で、1F1B の 3倍の頻度です。インターリーブもゼロバブルも、バブルを小さくする代わりに、仕事を小さく数多く切ります。1つ 1つの費用が仕事に比べて小さくなければ、遊びの時間で節約した分をまた使ってしまいます。このコースの実行では、その費用はパスの中ではなく、パスとパスの間にありました。パスの決まった部分 `c` は共有のマシンの揺らぎに埋もれてしまう一方で、パスあたりの隙間はパスと同じくらいか、それより長くなります（上の表。1層の順伝播は 1ミリ秒に満たない時間です）。計算だけを数えた「模擬」の列は式の近くにあり、測ったバブルはどちらよりもずっと大きくなります。`benchmarks/pipeline.py` を CPU 2コアで実行して保存した結果（`benchmarks/results/pipeline-vm-20261202-053552.json`。幅 512 の層を 8つ、マイクロバッチあたり 32行、float64）では、`m` = 8 のときの測ったバブルは、2ランクで 1F1B 0.443、インターリーブ 1F1B 0.551、ZBV 0.529、DualPipeV 0.450（式では 0.111、0.059、0.020）、4ランクで 0.668、0.809、0.754、0.701（式では 0.273、0.158、0.059）でした。パスの数がいちばん少ない 1F1B のバブルがいちばん小さく、式の大小の順とは逆です。決まった部分 `c` は -1.7〜+0.1 ms で、1層あたり 0.6〜1.9 ms の仕事と比べると 0 と区別できません。一方、パスあたりの隙間は 6〜20 ms でした。このときマシンは混んでいて（CPU 2コアに対して 1分間のロードアベレージが 21〜24。ファイルに記録してあります）、隙間の多くはランクがコアの空くのを待つ時間です。空いたマシンで隙間がどれだけになるかは、この実行からはわかりません。パスがメッセージよりはるかに長い GPU クラスタで勝つスケジュールも、ここでは勝ちません。式どおりの姿を見るには、各パスを隙間に比べて長くします。層を広くし、マイクロバッチの行を増やします。
+# どの式も仕事だけを数えています。パスごとに固定のコストがかかるなら、1F1B のランクはそれを 1ステップに `2 m` 回払います（マイクロバッチごとに F と B）。インターリーブ 1F1B は `2 v m` 回で、マイクロバッチがランクを `v` 周するので、メッセージも `v` 倍になります。ZBV は `6 m` 回（2つのステージそれぞれで F、I、W）で、1F1B の 3倍の頻度です。インターリーブもゼロバブルも、バブルを小さくする代わりに、仕事を小さく数多く切ります。1つ 1つの費用が仕事に比べて小さくなければ、遊びの時間で節約した分をまた使ってしまいます。このコースの実行では、その費用はパスの中ではなく、パスとパスの間にありました。パスの決まった部分 `c` は共有のマシンの揺らぎに埋もれてしまう一方で、パスあたりの隙間はパスと同じくらいか、それより長くなります（上の表。1層の順伝播は 1ミリ秒に満たない時間です）。計算だけを数えた「模擬」の列は式の近くにあり、測ったバブルはどちらよりもずっと大きくなります。`benchmarks/pipeline.py` を CPU 2コアで実行して保存した結果（`benchmarks/results/pipeline-vm-20261202-053552.json`。幅 512 の層を 8つ、マイクロバッチあたり 32行、float64）では、`m` = 8 のときの測ったバブルは、2ランクで 1F1B 0.443、インターリーブ 1F1B 0.551、ZBV 0.529、DualPipeV 0.450（式では 0.111、0.059、0.020）、4ランクで 0.668、0.809、0.754、0.701（式では 0.273、0.158、0.059）でした。パスの数がいちばん少ない 1F1B のバブルがいちばん小さく、式の大小の順とは逆です。決まった部分 `c` は -1.7〜+0.1 ms で、1層あたり 0.6〜1.9 ms の仕事と比べると 0 と区別できません。一方、パスあたりの隙間は 6〜20 ms でした。このときマシンは混んでいて（CPU 2コアに対して 1分間のロードアベレージが 21〜24。ファイルに記録してあります）、隙間の多くはランクがコアの空くのを待つ時間です。空いたマシンで隙間がどれだけになるかは、この実行からはわかりません。パスがメッセージよりはるかに長い GPU クラスタで勝つスケジュールも、ここでは勝ちません。式どおりの姿を見るには、各パスを隙間に比べて長くします。層を広くし、マイクロバッチの行を増やします。
 
 # %% [markdown]
 # <!-- en -->
@@ -379,12 +367,12 @@ for p, result in beyond.items():
 # <!-- ja -->
 # ## レイアウトのプランナー
 #
-# これまでの章は、どれも式と測定値を並べて終わりました。パラメータあたりのバイト数と ZeRO がランクに残す量（9章）、集合通信のアルファ・ベータモデルの時間とリングの通信量（8章）、パイプラインのバブル（10章）、テンソル並列、シーケンス並列、コンテキスト並列、エキスパート並列の集合通信（10章と 11章）です。`mparlib.planner` はこれらをまとめます。モデルは実行しません。いくつかのサイズから、1つのランクが持つメモリと 1ステップの時間を、どのレイアウトについても 1秒もかからずに予測します。入力は次の 4つです。
+# これまでの章は、どれも式と測定値を並べて終わりました。パラメータあたりのバイト数と ZeRO がランクに残す量（9章）、集合通信のα-β モデルの時間とリングの通信量（8章）、パイプラインのバブル（10章）、テンソル並列、シーケンス並列、コンテキスト並列、エキスパート並列の集合通信（10章と 11章）です。`mparlib.planner` はこれらをまとめます。モデルは実行しません。いくつかのサイズから、1つのランクが持つメモリと 1ステップの時間を、どのレイアウトについても 1秒もかからずに予測します。入力は次の 4つです。
 #
 # - `planner.ModelShape`: Transformer のサイズです（層の数、幅、ヘッドとキー・バリューのヘッドの数、MLP の幅、1サンプルあたりのトークン数、語彙またはパッチの入力、エキスパートの数と `top_k`）。`ModelShape.from_vit(config)` はこのコースの ViT を、`ModelShape.published(name)` は公表されている 4つのモデルを表します。
 # - `planner.Cluster`: ノードあたりのデバイスの数、デバイスごとのメモリと FLOP/s、そしてノード内のリンクとノード間のリンクについての 8章の `alpha`（集合通信 1回あたりの秒数）と `beta`（ランクが送る 1バイトあたりの秒数）です。
 # - `planner.Layout`: 並列の次数です。`dp`（ZeRO のステージ `zero` と組み合わせます。3 は FSDP です）、`tp`（と `sp`）、`cp`、`ep`、`pp` と、その `schedule`、`micro_batches`、`stages_per_rank`、そして `recompute` です。`Layout.check` は、モデルやバッチが受け付けないレイアウトを拒み、何を変えればよいかを示します。
-# - グローバルバッチ（サンプル数）。
+# - 全体のバッチサイズ（サンプル数）。
 #
 # 使う式と、それを測った章です。
 #
@@ -401,7 +389,7 @@ for p, result in beyond.items():
 # | データ並列 | 1ステップに 1回の勾配のオールリデュース（ZeRO-1/2 はリデュース・スキャッター + オールギャザー、ZeRO-3 はマイクロバッチごとに順伝播と逆伝播で 1回ずつのオールギャザーと、1回のリデュース・スキャッター） | 6章、9章 |
 # | パイプライン | マイクロバッチとステージごとに、順伝播で活性化を 1回、逆伝播で勾配を 1回送ります。バブルはステップのうち `bubble_formula` の割合 `b` で、`busy x b / (1 - b)` です | 10章 |
 #
-# ランクの番号は、テンソル並列のランクを隣り合わせに置き、その外にコンテキスト並列、エキスパート並列、データ並列のランク、いちばん外にパイプラインのステージを置く順に振ります。1つのノードに収まらないグループは遅いほうのリンクを使います。重なる通信は仮定しません。例外はデータ並列の集合通信のうち `overlap` の割合だけです（6章の DDP のバケットや FSDP のプリフェッチは、その一部を逆伝播の陰に隠します）。既定値の 0 では何も隠れません。自分で測った値を設定してください。
+# ランクの番号は、テンソル並列のランクを隣り合わせに置き、その外にコンテキスト並列、エキスパート並列、データ並列のランク、いちばん外にパイプラインのステージを置く順に振ります。1つのノードに収まらないグループは遅いほうのリンクを使います。重なる通信は仮定しません。例外はデータ並列の集合通信のうち `overlap` の割合だけです（6章の DDP のバケットや FSDP の先読みは、その一部を逆伝播の陰に隠します）。既定値の 0 では何も隠れません。自分で測った値を設定してください。
 #
 # まずサイズです。プランナーが数える small の ViT のパラメータ数は、実際のモデルと同じです。
 
@@ -479,10 +467,9 @@ for size in ("smoke", "small"):
     x = torch.randn(batch, shape.seq, c.dim, requires_grad=True)
     measured = saved_bytes(Block(c.dim, c.heads, c.hidden), x)
     rows.append((size, planner.activation_bytes_per_layer(shape, 4), batch * shape.seq, measured))
-print(pad(tr("size", "サイズ"), 8), pad(tr("bytes per token", "トークンあたりのバイト数"), 26, ">"),
-      pad(tr("x tokens", "x トークン数"), 12, ">"), pad(tr("measured", "測定値"), 12, ">"))
-for size, per_token, tokens, measured in rows:
-    print(pad(size, 8), pad(f"{per_token:,.0f}", 26, ">"), pad(f"{tokens:,}", 12, ">"), pad(f"{measured:,}", 12, ">"))
+print(table([[size, f"{per_token:,.0f}", tokens, measured] for size, per_token, tokens, measured in rows],
+            [("size", "サイズ"), ("bytes per token", "トークンあたりのバイト数"), ("x tokens", "x トークン数"),
+             ("measured", "測定値")]))
 
 # %%
 assert all(per_token * tokens == measured for _, per_token, tokens, measured in rows)
@@ -501,19 +488,19 @@ assert all(per_token * tokens == measured for _, per_token, tokens, measured in 
 # <!-- ja -->
 # 数は完全に一致します。同じ列挙に大きなモデルの設定（16ビットの値、1バイトのドロップアウトのマスク、math のカーネルが保存する softmax の重み、`4 d` の MLP、正規化の統計量は数えない）を与えると、Korthikanti ら（『Reducing Activation Recomputation in Large Transformer Models』、2022年）の式、トークンと層あたり `d (34 + 5 a s / d)` バイトになります。テンソル並列とシーケンス並列を使うと、それを `t` で割った値です。テストはこの両方を確かめます。なお、シーケンス並列では、11章のこのコースのブロックは集めた LayerNorm の出力を丸ごと保存します。Megatron は分けたまま保存し、逆伝播でもう一度集めます。後者を数えるには `regather=True` を指定します。
 #
-# 次はランクあたりのメモリで、`memory_per_rank` が `planner.Memory` を返します。small の ViT を float32 と Adam で、グローバルバッチ 64 で、8個のランクの 7つのレイアウトで訓練する場合です。
+# 次はランクあたりのメモリで、`memory_per_rank` が `planner.Memory` を返します。small の ViT を float32 と Adam で、全体のバッチサイズ 64 で、8個のランクの 7つのレイアウトで訓練する場合です。
 
 # %%
 course_layouts = [planner.Layout(dp=8), planner.Layout(dp=8, zero=1), planner.Layout(dp=8, zero=3),
                   planner.Layout(dp=4, zero=3, tp=2), planner.Layout(dp=2, tp=2, pp=2, micro_batches=2),
                   planner.Layout(dp=4, tp=2, sp=True), planner.Layout(tp=8)]
 memories = [planner.memory_per_rank(small, layout, 64, "fp32", "adam") for layout in course_layouts]
-heads = [tr("layout", "レイアウト"), tr("params", "パラメータ"), tr("grads", "勾配"), tr("optimizer", "オプティマイザ"),
-         tr("activations", "活性化"), tr("total", "合計")]
-print(pad(heads[0], 26), *(pad(h, 14, ">") for h in heads[1:]), " MiB")
-for layout, m in zip(course_layouts, memories):
-    parts = (m.parameters, m.gradients, m.optimizer, m.activations, m.total)
-    print(pad(layout.label(), 26), *(pad(f"{b / 2**20:.2f}", 14, ">") for b in parts))
+print(tr("MiB per rank:", "ランクあたりの MiB:"))
+print(table([[layout.label()] + [f"{b / 2**20:.2f}" for b in (m.parameters, m.gradients, m.optimizer, m.activations,
+                                                               m.total)]
+             for layout, m in zip(course_layouts, memories)],
+            [("layout", "レイアウト"), PART["params"], PART["grads"], PART["optimizer"], ("activations", "活性化"),
+             ("total", "合計")]))
 
 # %%
 ddp, zero1, zero3 = memories[:3]
@@ -545,15 +532,13 @@ llama8 = planner.ModelShape.published("llama3-8b")
 example = planner.Layout(dp=8, tp=8, sp=True, zero=1, micro_batches=256)
 t = planner.step_time(llama8, example, 2048, h100, "mixed")
 m = planner.memory_per_rank(llama8, example, 2048, "mixed", regather=True)
-print(f"{llama8.name}, 64 x H100, {example.label()}, 2048 x 8192 {tr('tokens', 'トークン')}")
+print(join([llama8.name, "64 x H100", example.label(), f"2048 x 8192 {tr('tokens', 'トークン')}"]))
 names = {"compute": tr("compute", "計算"), "tp": tr("tensor parallel", "テンソル並列"),
          "cp": tr("context parallel", "コンテキスト並列"), "ep": tr("expert parallel", "エキスパート並列"),
          "pp": tr("pipeline sends", "パイプラインの送受信"), "bubble": tr("bubble", "バブル"),
          "dp_exposed": tr("data parallel (not hidden)", "データ並列（隠れない分）")}
-for field, label in names.items():
-    print(pad(label, 28), pad(f"{getattr(t, field):.3f} s", 12, ">"))
-print(pad(tr("step", "1ステップ"), 28), pad(f"{t.total:.3f} s", 12, ">"))
-print(pad(tr("memory per rank", "ランクあたりのメモリ"), 28), pad(f"{m.total / 1e9:.1f} GB", 12, ">"))
+print(table([[label, f"{getattr(t, field):.3f} s"] for field, label in names.items()]
+            + [[("step", "1ステップ"), f"{t.total:.3f} s"], [("memory per rank", "ランクあたりのメモリ"), f"{m.total / 1e9:.1f} GB"]]))
 
 # %%
 assert t.total == t.compute + t.tp + t.cp + t.ep + t.pp + t.bubble + t.dp_exposed
@@ -596,7 +581,7 @@ assert 0.15 < t.tp / t.total < 0.25  # the sentence below
 # <!-- ja -->
 # ## 8個のプロセスでの確認
 #
-# プランナーの価値は、実際の実行とどれだけ合うかで決まります。ここでは、このコースの ViT（9〜11章）を gloo の 8個のプロセスで、5つのレイアウトで訓練します。レイアウトは同じ起動の中で順に実行し、それぞれを 3つの面から測ります。1個のプロセスとの損失の比較（同じ初期の重み、同じグローバルバッチ）、ランクあたりのピークメモリ、ステップ時間です。そのあと同じ起動の中で、まさにこれらのランクの上でプランナーの入力を測り、プランナーはそこから各レイアウトを予測します。ランクは `(pp, dp, cp, tp)` のメッシュに並べ、プランナーの前提どおりテンソル並列をいちばん内側に置きます。
+# プランナーの価値は、実際の実行とどれだけ合うかで決まります。ここでは、このコースの ViT（9〜11章）を gloo の 8個のプロセスで、5つのレイアウトで訓練します。レイアウトは同じ起動の中で順に実行し、それぞれを 3つの面から測ります。1個のプロセスとの損失の比較（同じ初期の重み、同じ全体のバッチ）、ランクあたりのピークメモリ、ステップ時間です。そのあと同じ起動の中で、まさにこれらのランクの上でプランナーの入力を測り、プランナーはそこから各レイアウトを予測します。ランクは `(pp, dp, cp, tp)` のメッシュに並べ、プランナーの前提どおりテンソル並列をいちばん内側に置きます。
 #
 # | レイアウト | 分けるもの | 部品（章） |
 # |---|---|---|
@@ -669,7 +654,7 @@ def check_layouts(config, layout_list, batches, timed=3, inputs=None):
 # <!-- ja -->
 # 同じ手順を 1つの関数にしたものが `layouts.run_layout`、そのループが `layouts.layouts_worker` です。テストと `benchmarks/planner.py` はこちらを実行します。
 #
-# モデルは smoke の ViT で、パッチを 7 x 7 ピクセルにします。すると画像 1枚が 16トークンになり、コンテキスト並列の 2つのランクが 8トークンずつ受け持てます（`full` プロファイルでは幅を広げ、`dim` を 128、MLP を 512 にします）。基準は、このプロセスで同じモデルを、ランダムな画像 32枚のグローバルバッチ 3つで、ふつうの SGD で訓練したものです。損失の比較に Adam ではなく SGD を使うのは、Adam が各勾配をその大きさで割るので、定数倍だけずれた勾配を見逃してしまうからです。
+# モデルは smoke の ViT で、パッチを 7 x 7 ピクセルにします。すると画像 1枚が 16トークンになり、コンテキスト並列の 2つのランクが 8トークンずつ受け持てます（`full` プロファイルでは幅を広げ、`dim` を 128、MLP を 512 にします）。基準は、このプロセスで同じモデルを、ランダムな画像 32枚からなる全体のバッチ 3つで、ふつうの SGD で訓練したものです。損失の比較に Adam ではなく SGD を使うのは、Adam が各勾配をその大きさで割るので、定数倍だけずれた勾配を見逃してしまうからです。
 
 # %%
 LAYOUT_VIT = {"patch": 7} if PROFILE == "smoke" else {"patch": 7, "dim": 128, "hidden": 512}
@@ -709,11 +694,11 @@ layout_report = launch(check_layouts, 8, args=(LAYOUT_VIT, LAYOUT_LIST, layout_b
 layout_wall = time.perf_counter() - start
 print(tr(f"one launch of 8 processes: {layout_wall:.0f} s in all; per layout (after the start):",
          f"8個のプロセスの起動 1回: 全体で {layout_wall:.0f}秒。レイアウトごと（起動のあと）:"),
-      ", ".join(f"{r['name']} {r['wall']:.1f} s" for r in layout_report["layouts"]))
-for r in layout_report["layouts"]:
-    worst = max(abs(a - b) for a, b in zip(r["losses"], layout_reference))
-    print(pad(r["name"], 22), [f"{v:.6f}" for v in r["losses"]], tr("largest difference", "最大の差"), f"{worst:.1e}")
-print(pad(tr("one process", "1個のプロセス"), 22), [f"{v:.6f}" for v in layout_reference])
+      join(f"{r['name']} {r['wall']:.1f} s" for r in layout_report["layouts"]))
+print(table([[r["name"], str([f"{v:.6f}" for v in r["losses"]]),
+              f"{max(abs(a - b) for a, b in zip(r['losses'], layout_reference)):.1e}"] for r in layout_report["layouts"]]
+            + [[("one process", "1個のプロセス"), str([f"{v:.6f}" for v in layout_reference]), "-"]],
+            [("layout", "レイアウト"), ("losses", "損失"), ("largest difference", "最大の差")]))
 
 # %%
 for r in layout_report["layouts"]:
@@ -745,7 +730,7 @@ for g, fit in inputs["fits"].items():
     bandwidth = (f"{fit['bandwidth'] / 1e9:.2f} GB/s" if fit["beta"] > 0  # beta 0: the sizes resolve no bandwidth
                  else tr("not resolved (beta = 0)", "求まらず（beta = 0）"))
     print(tr(f"all-reduce in groups of {g} ({inputs['world'] // g} at once): ",
-             f"{g}個のグループでのオールリデュース（{inputs['world'] // g}つを同時に）: ") + ", ".join(times)
+             f"{g}個のグループでのオールリデュース（{inputs['world'] // g}つを同時に）: ") + join(times)
           + tr(f"; alpha {fit['alpha'] * 1e3:.2f} ms, bandwidth {bandwidth}",
                f"。alpha {fit['alpha'] * 1e3:.2f} ms、帯域幅 {bandwidth}"))
 link = inputs["link"]
@@ -773,18 +758,18 @@ print(tr(f"one rank's FLOP/s while all 8 compute: {inputs['flops_per_s'] / 1e9:.
 # %% tags=["nbval-ignore-output"]
 compared = layouts.compare(LAYOUT_VIT, layout_report, GLOBAL_BATCH)
 MiB = 2 ** 20
-print(pad(tr("layout", "レイアウト"), 22), pad(tr("memory MiB: predicted", "メモリ MiB: 予測"), 22, ">"),
-      pad(tr("measured", "測定"), 9, ">"), pad(tr("error", "誤差"), 7, ">"),
-      pad(tr("step ms: predicted", "ステップ ms: 予測"), 20, ">"), pad(tr("measured", "測定"), 9, ">"))
-for r in compared["rows"]:
-    print(pad(r["layout"], 22), f"{r['predicted_bytes_per_rank'] / MiB:>22.2f} {r['measured_bytes_per_rank'] / MiB:>9.2f}"
-          f" {r['memory_error']:>+7.0%} {r['predicted_ms']:>20.1f} {r['measured_ms']:>9.1f}")
-for r in compared["rows"]:
-    parts = r["measured_parts"]
-    print(pad(r["layout"], 22), tr("measured at the peak:", "ピークでの測定値:"),
-          ", ".join(f"{k} {v / MiB:.2f}" for k, v in parts.items()), "|",
-          tr("predicted activations", "予測した活性化"), f"{r['predicted_parts']['activations'] / MiB:.2f},",
-          tr("gathered blocks", "まとめて持つブロック"), f"{r['predicted_parts']['gathered'] / MiB:.2f}")
+print(table([[r["layout"], f"{r['predicted_bytes_per_rank'] / MiB:.2f}", f"{r['measured_bytes_per_rank'] / MiB:.2f}",
+              f"{r['memory_error']:+.0%}", f"{r['predicted_ms']:.1f}", f"{r['measured_ms']:.1f}"]
+             for r in compared["rows"]],
+            [("layout", "レイアウト"), ("memory MiB: predicted", "メモリ MiB: 予測"), ("measured", "測定値"),
+             ("error", "誤差"), ("step ms: predicted", "ステップ ms: 予測"), ("measured", "測定値")]))
+print()
+print(tr("MiB at the peak, measured and predicted:", "ピークでの MiB（測定値と予測）:"))
+print(table([[r["layout"]] + [f"{r['measured_parts'][k] / MiB:.2f}" for k in PART]
+             + [f"{r['predicted_parts']['activations'] / MiB:.2f}", f"{r['predicted_parts']['gathered'] / MiB:.2f}"]
+             for r in compared["rows"]],
+            [("layout", "レイアウト")] + [PART[k] for k in PART]
+            + [("predicted activations", "予測した活性化"), ("gathered blocks", "まとめて持つブロック")]))
 
 fig, axes = plt.subplots(1, 2, figsize=(10, 3.4))
 names = [r["layout"] for r in compared["rows"]]
@@ -877,7 +862,7 @@ print(tr("parameters and optimizer state per rank: measured = planner (+ Adam's 
 # <!-- ja -->
 # ### 数値からわかること
 #
-# 上の表は、このノートブック自身の実行（`smoke` の ViT）です。`benchmarks/planner.py` は同じ確認を、より幅の広い ViT（`dim` 128、MLP 512、16トークン、グローバルバッチ 32）で行います。ここで引用するのは、このコースを書いた 2コアのマシンでのその実行、`benchmarks/results/planner-vm-20261202-060650.json` です（ロードアベレージは開始時 2.4、終了時 6.2 で busy です。2コアで 8個のプロセスを動かす実行は、どれもそうなります）。どのレイアウトも float32 で 2e-7 以内で 1個のプロセスと一致し、プランナーはどちらの目標も達成しませんでした。
+# 上の表は、このノートブック自身の実行（`smoke` の ViT）です。`benchmarks/planner.py` は同じ確認を、より幅の広い ViT（`dim` 128、MLP 512、16トークン、全体のバッチサイズ 32）で行います。ここで引用するのは、このコースを書いた 2コアのマシンでのその実行、`benchmarks/results/planner-vm-20261202-060650.json` です（ロードアベレージは開始時 2.4、終了時 6.2 で busy です。2コアで 8個のプロセスを動かす実行は、どれもそうなります）。どのレイアウトも float32 で 2e-7 以内で 1個のプロセスと一致し、プランナーはどちらの目標も達成しませんでした。
 #
 # - **メモリ。** dp 8 は予測 14.26 MiB に対して測定 15.41 MiB（-7%）、dp 2 x cp 2 x pp 2 は 8.19 MiB に対して 7.96 MiB（+3%）、fsdp 2 x tp 2 x pp 2 は -9%、fsdp 4 x tp 2 は -15%、fsdp 8 は -19% でした。何もシャーディングしないところでは、式はそこにあるものを数えています。重み、勾配、Adam のモーメントはバイト単位まで一致します（上のセルで確かめています）。dp 8 の合計の一致は、半分は偶然です。ピークの時点では活性化はもう解放されていて、その場所を勾配のオールリデュースに使うフラットなバッファ（3.06 MiB。プランナーは数えません）が占めています。FSDP については、プランナーは 9章で FSDP2 が丸ごと持つとわかったもの（計算中のブロックと先読みした次のブロックの 2つ分のパラメータと、リデュース・スキャッターの前のブロック 1つ分の勾配）を加えていますが、それでも少なく予測します。fsdp 8 の測定したピークでは、訓練状態のシャードでもなく、プランナーが名前を挙げる他のどれでもない部分が 5.00 MiB あり、活性化とまとめて持つブロックを合わせたより 0.72 MiB（ほぼブロック 1つ分の 0.76 MiB）多くなっています。gloo では、FSDP がバッファを解放する時点が非同期の集合通信の終わる時点で決まるので、FSDP のピークはランクの間でも、同じステップを 2回実行した間でも違います。FSDP もテンソル並列も使わないレイアウトは、バイト単位まで同じ値を繰り返します。
 # - **ステップ時間。** 測定: dp 8 132 ms < dp 2 x cp 2 x pp 2 284 < fsdp 8 508 < fsdp 2 x tp 2 x pp 2 773 < fsdp 4 x tp 2 813。予測: dp 8 94 < fsdp 8 200 < fsdp 4 x tp 2 333 < dp 2 x cp 2 x pp 2 360 < fsdp 2 x tp 2 x pp 2 472。スピアマンの順位相関は 0.5 です。FSDP を使わない 2つのレイアウトの予測は 1.4倍以内です（132 ms に対して 94、284 に対して 360）。FSDP を使う 3つは、プランナーの予測の 1.6〜2.5倍かかりました。fsdp 8 についてプランナーは、計算 22 ms と集合通信 177 ms（それぞれ alpha 9.4 ms）を予測します。残りの約 310 ms は、式に名前のないところで使われています。2コアを共有する 8個のプロセスの上で、FSDP2 が集合通信以外に行うこと（シャードをオールギャザーのバッファにコピーし、またコピーし戻すこと、フック、多数の小さな演算子）です。FSDP の 3つのレイアウトの順は、このマシンでは実行のたびに変わります。これまでのどの実行でも一致しているのは、dp 8 が 1番め、dp 2 x cp 2 x pp 2 が 2番めで、FSDP のレイアウトが予測よりはるかに遅いということです。
@@ -920,14 +905,11 @@ def tflops(model, row, world, batch=BATCH):
 def show(model, world, rows, top=3):
     """The fastest ``top`` layouts that fit, one line each."""
     fits = [r for r in rows if r.fits]
-    print(f"{model.name}, {world:,} x H100: " + tr(f"{len(fits)} of {len(rows)} layouts fit in 80 GB",
-                                                   f"{len(rows)}個のレイアウトのうち {len(fits)}個が 80 GB に収まる"))
-    print("  ", pad(tr("layout", "レイアウト"), 36), pad("GB", 7, ">"), pad(tr("step s", "ステップ s"), 11, ">"),
-          pad(tr("bubble", "バブル"), 8, ">"), pad("TFLOP/s", 9, ">"))
-    for r in fits[:top]:
-        print("  ", pad(r.layout.label(), 36), pad(f"{r.memory.total / 1e9:.1f}", 7, ">"),
-              pad(f"{r.time.total:.2f}", 11, ">"), pad(f"{r.time.bubble / r.time.total:.0%}", 8, ">"),
-              pad(f"{tflops(model, r, world):.0f}", 9, ">"))
+    print(tr(f"{model.name} on {world:,} x H100: {len(fits)} of {len(rows)} layouts fit in 80 GB",
+             f"{world:,}枚の H100 での {model.name}: {len(rows)}個のレイアウトのうち {len(fits)}個が 80 GB に収まる"))
+    print(table([[r.layout.label(), f"{r.memory.total / 1e9:.1f}", f"{r.time.total:.2f}",
+                  f"{r.time.bubble / r.time.total:.0%}", f"{tflops(model, r, world):.0f}"] for r in fits[:top]],
+                [("layout", "レイアウト"), "GB", ("step s", "ステップ s"), ("bubble", "バブル"), "TFLOP/s"], indent=3))
 
 
 dense = {}
@@ -1010,15 +992,12 @@ for world, rows in moe.items():
 # <!-- ja -->
 # どちらの規模でも、第 1候補はエキスパート並列 4 と `tp 2` を 1台のサーバーの中に置きます。エキスパート並列は、重みのいちばん大きな部分を、パイプラインのバブルもテンソル並列のオールリデュースもなしに 4で割ります。オールツーオールで運ぶのは各トークンの幅 4096 の行 2本だけで、NVLink の上では計算時間の 20分の 1 に届きません。これを有利に見せている仮定もあります。プランナーはトークンがエキスパートに均等に分かれると仮定しています（11章では、ルーターの割り振りがどれほど偏りうるかを測りました。いっぱいになったエキスパートはトークンを落とすか、待たせます）。
 #
-# 次は、確かめる相手になる実際の訓練です。Llama 3 405B（126層、幅 16384、128個のヘッドと 8個のキー・バリューのヘッド、MLP 53248、語彙 128,256）は、グローバルバッチ 16M トークン、系列の長さ 8,192 で、中を NVLink で、サーバー間を 400 Gb/s でつないだ 8枚の H100 のサーバーで訓練されました。レイアウトと GPU あたりの速さは次のとおりです（『The Llama 3 Herd of Models』、2024年）。8,192枚の GPU で TP 8、CP 1、PP 16、430 TFLOP/s。16,384枚の GPU で TP 8、CP 1、PP 16、400 TFLOP/s。長いコンテキスト（131,072トークン）では TP 8、CP 16、PP 16、380 TFLOP/s。それぞれについて、収まるレイアウトの中でのそのレイアウトの順位、メモリ、予測したモデルの FLOP/s、プランナー自身の第 1候補を示します。クラスタは 2つです。Llama 3 が得た 400 TFLOP/s で計算を数える `Cluster.h100()` と、データシートの 989 TFLOP/s で数えるものです。
+# 次は、確かめる相手になる実際の訓練です。Llama 3 405B（126層、幅 16384、128個のヘッドと 8個のキー・バリューのヘッド、MLP 53248、語彙 128,256）は、全体のバッチサイズ 16M トークン、系列の長さ 8,192 で、中を NVLink で、サーバー間を 400 Gb/s でつないだ 8枚の H100 のサーバーで訓練されました。レイアウトと GPU あたりの速さは次のとおりです（『The Llama 3 Herd of Models』、2024年）。8,192枚の GPU で TP 8、CP 1、PP 16、430 TFLOP/s。16,384枚の GPU で TP 8、CP 1、PP 16、400 TFLOP/s。長いコンテキスト（131,072トークン）では TP 8、CP 16、PP 16、380 TFLOP/s。それぞれについて、収まるレイアウトの中でのそのレイアウトの順位、メモリ、予測したモデルの FLOP/s、プランナー自身の第 1候補を示します。クラスタは 2つです。Llama 3 が得た 400 TFLOP/s で計算を数える `Cluster.h100()` と、データシートの 989 TFLOP/s で数えるものです。
 
 # %%
 peak = planner.Cluster.h100(flops_per_s=989e12)
 PUBLISHED = [(8192, 8192, BATCH, 1, 430), (16384, 8192, BATCH, 1, 400), (16384, 131072, 128, 16, 380)]
-print(pad("GPUs", 7, ">"), pad(tr("tokens", "トークン"), 8, ">"), pad(tr("published", "公表値"), 10, ">"),
-      pad("FLOP/s", 8, ">"), pad(tr("rank", "順位"), 8, ">"), pad("GB", 6, ">"), pad("TFLOP/s", 8, ">"), " ",
-      pad(tr("planner's first", "プランナーの第 1候補"), 38), pad("TFLOP/s", 8, ">"))
-llama405 = {}
+llama405, rows405 = {}, []
 for world, seq, batch, cp, rate in PUBLISHED:
     model = planner.ModelShape.published("llama3-405b", seq=seq)
     dp = world // (8 * cp * 16)
@@ -1030,11 +1009,15 @@ for world, seq, batch, cp, rate in PUBLISHED:
         mine = next(r for r in rows if r.layout == theirs)
         bare = next(r for r in rows if r.layout == replace(theirs, recompute=False))
         llama405[world, seq, cluster.flops_per_s] = (mine, bare, fits, tflops(model, mine, world, batch))
-        print(pad(f"{world:,}", 7, ">"), pad(f"{seq // 1024}K", 8, ">"), pad(rate, 10, ">"),
-              pad(f"{cluster.flops_per_s / 1e12:.0f}T", 8, ">"), pad(f"{fits.index(mine) + 1}/{len(fits)}", 8, ">"),
-              pad(f"{mine.memory.total / 1e9:.1f}", 6, ">"), pad(f"{tflops(model, mine, world, batch):.0f}", 8, ">"),
-              " ", pad(fits[0].layout.label(), 38), pad(f"{tflops(model, fits[0], world, batch):.0f}", 8, ">"))
-print(tr("the published layouts: ", "公表されたレイアウト: ") + ", ".join(sorted({r[0].layout.label() for r in llama405.values()})))
+        rows405.append([world, f"{seq // 1024}K", rate, f"{cluster.flops_per_s / 1e12:.0f}T",
+                        f"{fits.index(mine) + 1}/{len(fits)}", f"{mine.memory.total / 1e9:.1f}",
+                        f"{tflops(model, mine, world, batch):.0f}", fits[0].layout.label(),
+                        f"{tflops(model, fits[0], world, batch):.0f}"])
+print(table(rows405, [("GPUs", "GPU の数"), ("tokens", "トークン"), ("published", "公表値"), "FLOP/s", ("rank", "順位"), "GB",
+                      "TFLOP/s", ("planner's first", "プランナーの第 1候補"), "TFLOP/s"], align=">>>>>>><>"))
+print(tr("the published layouts:", "公表されたレイアウト:"))
+for label in sorted({r[0].layout.label() for r in llama405.values()}):
+    print("  " + label)
 
 # %%
 for (world, seq, rate), (mine, bare, fits, predicted) in llama405.items():
@@ -1145,7 +1128,7 @@ assert round(scores, 2) == 0.57
 # 3. **テンソル並列はノードの中で、必要な分だけ使います。** 重みと活性化をまとめて分けますが、ランクあたりの通信量は `t` とともに増え、しかもクリティカルパスの上にあります。グループはいちばん速いリンクの上に置き、領域の間の活性化にはシーケンス並列（11章）を使います。
 # 4. **それでもモデルが大きすぎれば、ノードをまたいでパイプラインを使います。** メッセージは小さい 1対1通信で、遅いリンクをまたいでも困りません。バブルを小さく保つため、マイクロバッチの数をステージの数の 4〜8倍以上にするか、インターリーブする（10章）か、その両方にします。
 # 5. **長い系列にはコンテキスト並列を使います。** テンソル並列とシーケンス並列を使っても 1本の系列の活性化が収まらないときです。**MoE にはエキスパート並列を使います。** オールツーオールが大きければノードの中に置きます。
-# 6. **残りはデータ並列にします。** グローバルバッチが許す範囲までです。レプリカを増やすとレプリカごとのマイクロバッチは減り、どこかでバブルや通信が利得を食いつぶします。
+# 6. **残りはデータ並列にします。** 全体のバッチサイズが許す範囲までです。レプリカを増やすとレプリカごとのマイクロバッチは減り、どこかでバブルや通信が利得を食いつぶします。
 # 7. **プランナーで順位をつけ、上位のいくつかを測ります。** 測ったクラスタで `plan` を実行し、余裕をもって収まる上位のレイアウトを選んで、それぞれ数ステップの時間を測ります。測定と予測が食い違ったら、どの部分（計算、ある集合通信、バブル）がずれているのかを突き止めます。この章の 8個のプロセスでの測定がそうしているようにです。
 
 # %% [markdown]
@@ -1227,7 +1210,7 @@ assert where == ["127.0.0.1"], where
 #
 # - **インターリーブ**では、`p` 個のランクのそれぞれが、`v` 分の 1 の大きさのステージを `v` 個持ちます。満ちるまでと空になるまでが `(p - 1) / v` パスに縮み、バブルは `(p - 1) / (v m + p - 1)` です。**ゼロバブル**は、ステージの逆伝播を、前のステージが待っている入力の勾配 I と、誰も待っていない重みの勾配 W に分け、ランクが遊ぶはずの場所で W を実行します。V 字の配置（ランク `r` がステージ `r` と `2p - 1 - r` を持つ）でパスの時間が等しければ `(p - 1) / (6 m + p - 1)` です。インターリーブ 1F1B、ZBV、DualPipeV は、2個と 4個のプロセスで 1個のプロセスと同じ勾配を出し（float64）、`simulate_schedule` は torch 自身のパスの順序を再現します。
 # - その代わりに、メモリと仕事の細かさで払います。`m = 8` でランクが同時に持つ活性化の最大は、1F1B に対してインターリーブで 1.5倍（2ランク）〜1.83倍（4ランク）、ZBV で 1.2倍と 1.33倍、DualPipeV で 1.5倍です。また、ランクはマイクロバッチごとに、1F1B の 2回に対して、インターリーブ（v = 2）では 4回、ZBV では 6回のパスを実行します。CPU 上のプロセスではパスとパスの間の時間がパスと同じくらいか、それより長いので、測ったバブルはどの式よりもずっと大きくなります。ここに記録したどの実行でも、インターリーブ 1F1B のバブルは 1F1B より大きく、式の大小の順とは逆でした。ZBV が 1F1B より小さかったのは 1回だけ（プロセス 4個、このノートブックの実行）で、その差もわずかです。
-# - `mparlib.planner` は、モデルの形状、グローバルバッチ、クラスタから、レイアウトのランクあたりのメモリと 1ステップの時間を予測します。使うのはこれまでの章の式です。9章のパラメータあたりのバイト数と ZeRO のステージ（FSDP がまとめて持つブロックも加えます）、このコースのブロックが保存するとおりに数えた活性化（コースの ViT では正確で、Korthikanti らの仮定のもとでは `34 + 5 a s / h` になります）、8章のリング通信量付きのアルファ・ベータモデル、10章のバブル、11章の集合通信です。
+# - `mparlib.planner` は、モデルの形状、全体のバッチサイズ、クラスタから、レイアウトのランクあたりのメモリと 1ステップの時間を予測します。使うのはこれまでの章の式です。9章のパラメータあたりのバイト数と ZeRO のステージ（FSDP がまとめて持つブロックも加えます）、このコースのブロックが保存するとおりに数えた活性化（コースの ViT では正確で、Korthikanti らの仮定のもとでは `34 + 5 a s / h` になります）、8章のリング通信量付きのα-β モデル、10章のバブル、11章の集合通信です。
 # - このマシンの 8個のプロセスで、5つのレイアウト（dp 8、fsdp 8、fsdp 4 x tp 2、fsdp 2 x tp 2 x pp 2、dp 2 x cp 2 x pp 2）は 1個のプロセスとまったく同じように訓練されます。プランナーは、FSDP を使わないレイアウトの訓練状態をバイト単位まで正しく数えます。FSDP のメモリは少なく、そのステップはずっと短く予測し、5つのステップの順も測定とは違います。どちらの目標も達成できず、この章はその差を示しています。
 # - 公表された H100 の数値を使った机上検討では、プランナーは Llama 3 405B の公表されたレイアウトを、収まるものの上位 4つの中に並べます。それらが収まるのは活性化を再計算する場合だけです。8,192枚と 16,384枚の GPU での速さの順は正しく、128K トークンの訓練は外します。アテンションの `s x s` の積を全速で数えるからです。
 # - 自分のクラスタでレイアウトを選ぶには、すべてのグループが同時に動いている状態で FLOP/s とリンクを測り、まずメモリに収め、テンソル並列はノードの中に置き、ノードをまたぐところには十分なマイクロバッチを持つパイプラインを、系列やエキスパートが必要とするところにはコンテキスト並列とエキスパート並列を加え、残りをデータ並列にしてから、プランナーで順位をつけ、上位のいくつかを測ります。
