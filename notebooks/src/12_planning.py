@@ -277,7 +277,7 @@ for p, result in beyond.items():
 # The time between passes is the other place: `gap per pass` is how much longer the step took than its replay by
 # `simulate_schedule` with the run's own median pass times, divided by the number of passes a rank runs.
 # <!-- ja -->
-# パスごとの固定のコストが、それぞれの式に何をするかを見ます。10章では、大きさによらずマイクロバッチごとにかかる費用が見つかりました。それはどこにあるのでしょうか。`k` 層のパスにかかる時間を `c + k a` とします。同じ種類のパスを、1F1B のステージと半分の大きさのステージ（p = 2 では 4層と 2層、p = 4 では 2層と 1層）で比べると、`c = 2 t(半分) - t(全体)` です。ここでは最短のパスを使います（共有のマシンでは、パスが遅くなることはあっても速くなることはないからです）。もう 1つの候補はパスとパスの間の時間です。「パスあたりの隙間」は、実行で測ったパスの時間の中央値で `simulate_schedule` が再現したステップより実際のステップがどれだけ長かったかを、1つのランクが実行するパスの数で割ったものです。
+# パスごとの固定のコストが、それぞれの式にどう効くかを見ます。10章では、大きさによらずマイクロバッチごとにかかる費用が見つかりました。それはどこにあるのでしょうか。`k` 層のパスにかかる時間を `c + k a` とします。同じ種類のパスを、1F1B のステージと半分の大きさのステージ（p = 2 では 4層と 2層、p = 4 では 2層と 1層）で比べると、`c = 2 t(半分) - t(全体)` です。ここでは最短のパスを使います（共有のマシンでは、パスが遅くなることはあっても速くなることはないからです）。もう 1つの候補はパスとパスの間の時間です。「パスあたりの隙間」は、実行で測ったパスの時間の中央値で `simulate_schedule` が再現したステップより実際のステップがどれだけ長かったかを、1つのランクが実行するパスの数で割ったものです。
 
 # %% tags=["nbval-ignore-output"]
 costs, gaps = [], []
@@ -1187,8 +1187,8 @@ assert where == ["127.0.0.1"], where
 #   1.83x (4 ranks) those of 1F1B, ZBV 1.2x and 1.33x, DualPipeV 1.5x; and a rank runs 4 passes per micro-batch
 #   (interleaved, v = 2) or 6 (ZBV) instead of 1F1B's 2. On CPU processes the time between passes is as long as
 #   the passes or longer, so the measured bubbles stay far above every formula; in every run recorded here
-#   interleaved 1F1B's bubble came out larger than 1F1B's, the reverse of the formulas' order, and ZBV's smaller only
-#   once (4 processes, this notebook's run), by little.
+#   interleaved 1F1B's bubble came out larger than 1F1B's, the reverse of the formulas' order, and ZBV's within 0.09
+#   of 1F1B's, above it or below.
 # - `mparlib.planner` predicts a layout's memory per rank and step time from a model's shape, a global batch and a
 #   cluster, with the chapters' formulas: chapter 9's bytes per parameter and ZeRO stages (plus the blocks FSDP
 #   gathers), activations counted as the course's block saves them (exact for its ViT; Korthikanti et al.'s
@@ -1209,8 +1209,8 @@ assert where == ["127.0.0.1"], where
 # ## まとめ
 #
 # - **インターリーブ**では、`p` 個のランクのそれぞれが、`v` 分の 1 の大きさのステージを `v` 個持ちます。満ちるまでと空になるまでが `(p - 1) / v` パスに縮み、バブルは `(p - 1) / (v m + p - 1)` です。**ゼロバブル**は、ステージの逆伝播を、前のステージが待っている入力の勾配 I と、誰も待っていない重みの勾配 W に分け、ランクが遊ぶはずの場所で W を実行します。V 字の配置（ランク `r` がステージ `r` と `2p - 1 - r` を持つ）でパスの時間が等しければ `(p - 1) / (6 m + p - 1)` です。インターリーブ 1F1B、ZBV、DualPipeV は、2個と 4個のプロセスで 1個のプロセスと同じ勾配を出し（float64）、`simulate_schedule` は torch 自身のパスの順序を再現します。
-# - その代わりに、メモリと仕事の細かさで払います。`m = 8` でランクが同時に持つ活性化の最大は、1F1B に対してインターリーブで 1.5倍（2ランク）〜1.83倍（4ランク）、ZBV で 1.2倍と 1.33倍、DualPipeV で 1.5倍です。また、ランクはマイクロバッチごとに、1F1B の 2回に対して、インターリーブ（v = 2）では 4回、ZBV では 6回のパスを実行します。CPU 上のプロセスではパスとパスの間の時間がパスと同じくらいか、それより長いので、測ったバブルはどの式よりもずっと大きくなります。ここに記録したどの実行でも、インターリーブ 1F1B のバブルは 1F1B より大きく、式の大小の順とは逆でした。ZBV が 1F1B より小さかったのは 1回だけ（プロセス 4個、このノートブックの実行）で、その差もわずかです。
-# - `mparlib.planner` は、モデルの形状、全体のバッチサイズ、クラスタから、レイアウトのランクあたりのメモリと 1ステップの時間を予測します。使うのはこれまでの章の式です。9章のパラメータあたりのバイト数と ZeRO のステージ（FSDP がまとめて持つブロックも加えます）、このコースのブロックが保存するとおりに数えた活性化（コースの ViT では正確で、Korthikanti らの仮定のもとでは `34 + 5 a s / h` になります）、8章のリング通信量付きのα-β モデル、10章のバブル、11章の集合通信です。
+# - その代わりに、メモリと仕事の細かさで払います。`m = 8` でランクが同時に持つ活性化の最大は、1F1B に対してインターリーブで 1.5倍（2ランク）〜1.83倍（4ランク）、ZBV で 1.2倍と 1.33倍、DualPipeV で 1.5倍です。また、ランクはマイクロバッチごとに、1F1B の 2回に対して、インターリーブ（v = 2）では 4回、ZBV では 6回のパスを実行します。CPU 上のプロセスではパスとパスの間の時間がパスと同じくらいか、それより長いので、測ったバブルはどの式よりもずっと大きくなります。ここに記録したどの実行でも、インターリーブ 1F1B のバブルは 1F1B より大きく、式の大小の順とは逆でした。ZBV のバブルは 1F1B との差が上下とも 0.09 以内でした。
+# - `mparlib.planner` は、モデルの形状、全体のバッチサイズ、クラスタから、レイアウトのランクあたりのメモリと 1ステップの時間を予測します。使うのはこれまでの章の式です。9章のパラメータあたりのバイト数と ZeRO のステージ（FSDP がまとめて持つブロックも加えます）、このコースのブロックが保存するとおりに数えた活性化（コースの ViT では正確で、Korthikanti らの仮定のもとでは `34 + 5 a s / h` になります）、8章のリング通信量付きの α-β モデル、10章のバブル、11章の集合通信です。
 # - このマシンの 8個のプロセスで、5つのレイアウト（dp 8、fsdp 8、fsdp 4 x tp 2、fsdp 2 x tp 2 x pp 2、dp 2 x cp 2 x pp 2）は 1個のプロセスとまったく同じように訓練されます。プランナーは、FSDP を使わないレイアウトの訓練状態をバイト単位まで正しく数えます。FSDP のメモリは少なく、そのステップはずっと短く予測し、5つのステップの順も測定とは違います。どちらの目標も達成できず、この章はその差を示しています。
 # - 公表された H100 の数値を使った机上検討では、プランナーは Llama 3 405B の公表されたレイアウトを、収まるものの上位 4つの中に並べます。それらが収まるのは活性化を再計算する場合だけです。8,192枚と 16,384枚の GPU での速さの順は正しく、128K トークンの訓練は外します。アテンションの `s x s` の積を全速で数えるからです。
 # - 自分のクラスタでレイアウトを選ぶには、すべてのグループが同時に動いている状態で FLOP/s とリンクを測り、まずメモリに収め、テンソル並列はノードの中に置き、ノードをまたぐところには十分なマイクロバッチを持つパイプラインを、系列やエキスパートが必要とするところにはコンテキスト並列とエキスパート並列を加え、残りをデータ並列にしてから、プランナーで順位をつけ、上位のいくつかを測ります。
