@@ -78,7 +78,6 @@ def pad(value, width, align="<"):
     5 columns too late; this counts columns (:func:`display_width`).
     """
     if align not in ("<", ">"):
-        from .errors import ConfigError
         raise ConfigError(tr(f"pad: align={align!r} is not one of '<' (left) or '>' (right).",
                              f"pad: align={align!r} は '<'（左寄せ）か '>'（右寄せ）のどちらかにしてください。"))
     value = str(value)
@@ -108,7 +107,6 @@ def table(rows, head=None, *, align=None, indent=0, gap=2):
         align = "".join(">" if body and all(_NUMBER.fullmatch(row[c]) for row in body if c < len(row) and row[c])
                         and any(c < len(row) and row[c] for row in body) else "<" for c in range(ncols))
     if len(align) != ncols or set(align) - {"<", ">"}:
-        from .errors import ConfigError
         raise ConfigError(tr(f"table: align={align!r} needs one '<' or '>' for each of the {ncols} columns.",
                              f"table: align={align!r} には、{ncols}列のそれぞれに '<' か '>' を 1つずつ指定してください。"))
     widths = [max(display_width(line[c]) for line in lines) for c in range(ncols)]
