@@ -77,10 +77,11 @@ def pad(value, width, align="<"):
     ``f"{text:<10}"`` counts characters, so a Japanese label of 5 characters, 10 columns wide, ends a table's column
     5 columns too late; this counts columns (:func:`display_width`).
     """
-    if align not in ("<", ">"):
-        raise ConfigError(tr(f"pad: align={align!r} is not one of '<' (left) or '>' (right).",
-                             f"pad: align={align!r} は '<'（左寄せ）か '>'（右寄せ）のどちらかにしてください。"))
-    value = str(value)
+    from .checks import one_of  # checks imports this module
+    return _pad(str(value), width, one_of(align, "align", ("<", ">"), "pad"))
+
+
+def _pad(value, width, align):
     fill = " " * max(0, width - display_width(value))
     return value + fill if align == "<" else fill + value
 
@@ -97,21 +98,18 @@ def table(rows, head=None, *, align=None, indent=0, gap=2):
     Columns are ``gap`` spaces apart, so a cell never runs into the next one however long it is; the last
     left-aligned column is not padded (no trailing spaces).
     """
-    body = [[text(cell) for cell in row] for row in rows]
-    lines = ([[text(cell) for cell in head]] if head is not None else []) + body
+    lines = ([[text(cell) for cell in head]] if head is not None else []) + [[text(cell) for cell in row] for row in rows]
     if not lines:
         return ""
     ncols = max(len(line) for line in lines)
     lines = [line + [""] * (ncols - len(line)) for line in lines]
+    body = lines[1:] if head is not None else lines
     if align is None:
-        align = "".join(">" if body and all(_NUMBER.fullmatch(row[c]) for row in body if c < len(row) and row[c])
-                        and any(c < len(row) and row[c] for row in body) else "<" for c in range(ncols))
+        filled = [[row[c] for row in body if row[c]] for c in range(ncols)]
+        align = "".join(">" if cells and all(_NUMBER.fullmatch(cell) for cell in cells) else "<" for cells in filled)
     if len(align) != ncols or set(align) - {"<", ">"}:
         raise ConfigError(tr(f"table: align={align!r} needs one '<' or '>' for each of the {ncols} columns.",
                              f"table: align={align!r} には、{ncols}列のそれぞれに '<' か '>' を 1つずつ指定してください。"))
     widths = [max(display_width(line[c]) for line in lines) for c in range(ncols)]
-    out = []
-    for line in lines:
-        cells = [pad(cell, w, a) for cell, w, a in zip(line, widths, align)]
-        out.append((" " * indent + (" " * gap).join(cells)).rstrip())
-    return "\n".join(out)
+    return "\n".join((" " * indent + (" " * gap).join(_pad(cell, w, a) for cell, w, a in zip(line, widths, align))).rstrip()
+                     for line in lines)

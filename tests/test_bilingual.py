@@ -332,20 +332,27 @@ PRINTS_SOURCE = re.compile(r"\binspect\.getsource\(")
 OUTPUT_COUNTER = re.compile(rf"\d[\d,.]*( ){COUNTER}")  # one space: aligned columns of a table use several
 
 
-def english_lines(text):
-    """The lines of one output text that are English (see above); [] when every line is Japanese or code-like."""
-    english, in_exception = [], False
+def outside_exceptions(text):
+    """The lines of one output text, without exception messages (a line with "SomeError: ..." and the indented
+    lines after it), which the library prints in its own words."""
+    in_exception = False
     for line in text.splitlines():
         if in_exception and line[:1].isspace():
             continue
         in_exception = bool(EXCEPTION_LINE.search(line))
-        if in_exception or JA_LETTER.search(line) or REPORT_ROW.match(line):
-            continue
-        code_removed = CALL.sub(" ", ANGLE_REPR.sub(" ", QUOTED.sub(" ", NAME_COLUMN.sub(" ", line))))
-        words = [w for w in ENGLISH_WORD.findall(code_removed) if w not in CODE_WORDS]
-        if words:
-            english.append(line)
-    return english
+        if not in_exception:
+            yield line
+
+
+def code_removed(line):
+    """One output line without its code-like parts (quoted strings, reprs, calls); a label may start the line."""
+    return CALL.sub(" ", ANGLE_REPR.sub(" ", QUOTED.sub(" ", line)))
+
+
+def english_lines(text):
+    """The lines of one output text that are English (see above); [] when every line is Japanese or code-like."""
+    return [line for line in outside_exceptions(text) if not (JA_LETTER.search(line) or REPORT_ROW.match(line))
+            and any(w not in CODE_WORDS for w in ENGLISH_WORD.findall(code_removed(NAME_COLUMN.sub(" ", line))))]
 
 
 def printed_texts(path):
@@ -415,30 +422,17 @@ def label_pattern(labels):
 LABEL = label_pattern(output_labels())
 
 
-def code_removed(line):
-    """One output line without its code-like parts (quoted strings, reprs, calls); a label may start the line."""
-    return CALL.sub(" ", ANGLE_REPR.sub(" ", QUOTED.sub(" ", line)))
-
-
 def label_problems(text, pattern=LABEL):
     """English labels of the glossary's output table in the lines of one Japanese output."""
-    problems, in_exception = [], False
-    for line in text.splitlines():
-        if in_exception and line[:1].isspace():
-            continue
-        in_exception = bool(EXCEPTION_LINE.search(line))
-        if in_exception:
-            continue
-        problems += [f"the English label {m.group()!r} in {line.strip()[:100]!r}: use the glossary's Japanese label"
-                     for m in pattern.finditer(code_removed(line))]
-    return problems
+    return [f"the English label {m.group()!r} in {line.strip()[:100]!r}: use the glossary's Japanese label"
+            for line in outside_exceptions(text) for m in pattern.finditer(code_removed(line))]
 
 
 def output_comma_problems(text):
     """Half-width ", " between the items of a Japanese line, outside brackets and quotes (``(3, 4)`` is a value)."""
     problems = []
-    for line in text.splitlines():
-        if not JA_LETTER.search(line) or EXCEPTION_LINE.search(line):
+    for line in outside_exceptions(text):
+        if not JA_LETTER.search(line):
             continue
         depth, quote = 0, None
         for i, c in enumerate(line):
