@@ -77,8 +77,10 @@ def pad(value, width, align="<"):
     ``f"{text:<10}"`` counts characters, so a Japanese label of 5 characters, 10 columns wide, ends a table's column
     5 columns too late; this counts columns (:func:`display_width`).
     """
-    from .checks import one_of  # checks imports this module
-    return _pad(str(value), width, one_of(align, "align", ("<", ">"), "pad"))
+    if align not in ("<", ">"):  # not checks.one_of: checks imports this module
+        raise ConfigError(tr(f"pad: align={align!r} is not one of '<' (left) or '>' (right).",
+                             f"pad: align={align!r} は '<'（左寄せ）か '>'（右寄せ）のどちらかにしてください。"))
+    return _pad(str(value), width, align)
 
 
 def _pad(value, width, align):
