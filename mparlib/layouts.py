@@ -32,16 +32,15 @@ from .checks import one_of, positive_int
 from .collectives import fit_alpha_beta, time_collective
 from .errors import ConfigError
 from .lang import tr
-from .planner import Cluster, Layout, ModelShape, memory_per_rank, step_time
+from .planner import Cluster, Layout, ModelShape, by_kind, collectives, memory_per_rank, step_time, tp_layers
 from .rendezvous import device
 from .ring_attention import ring_attention, shard_sequence
-from .sharding import training_tensors
+from .sharding import CollectiveLog, training_tensors
 from .timing import measure
 from .vit import vit
 
 MESH_DIMS = ("pp", "dp", "cp", "tp")  # outermost first: ranks next to each other share a tp group
-BLOCK_PLAN = {"attn.q": ColwiseParallel(), "attn.k": ColwiseParallel(), "attn.v": ColwiseParallel(),
-              "attn.out": RowwiseParallel(), "mlp.fc1": ColwiseParallel(), "mlp.fc2": RowwiseParallel()}
+STYLES = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}  # DTensor's form of each style of planner.TP_PLAN
 DEFAULTS = {"dp": 1, "zero": 0, "tp": 1, "cp": 1, "pp": 1, "micro_batches": 1, "schedule": "1f1b"}
 
 
@@ -80,6 +79,12 @@ def check_layout(layout, world=None):
                              "parameters are DTensors; combine tp > 1 with zero=3 (FSDP).",
                              "layout: zero=0 はふつうのテンソルの勾配を 1つの平たいオールリデュースで平均しますが、"
                              "テンソル並列のパラメータは DTensor です。tp > 1 は zero=3（FSDP）と組み合わせてください。"))
+    if out["pp"] == 1 and out["micro_batches"] > 1:
+        raise ConfigError(tr(f"layout: micro_batches={out['micro_batches']} splits each share for a pipeline, and "
+                             "pp=1 has none (the layouts do not accumulate gradients); use micro_batches=1 or pp > 1.",
+                             f"layout: micro_batches={out['micro_batches']} はパイプラインのために各分担を分けますが、"
+                             "pp=1 にはパイプラインがありません（レイアウトは勾配を蓄積しません）。micro_batches=1 に"
+                             "するか pp を 2 以上にしてください。"))
     if out["pp"] > 1 and out["schedule"] == "1f1b" and out["micro_batches"] < out["pp"]:
         raise ConfigError(tr(f"layout: 1F1B needs at least pp={out['pp']} micro-batches, not "
                              f"{out['micro_batches']}; raise micro_batches or use schedule='gpipe'.",
@@ -87,6 +92,15 @@ def check_layout(layout, world=None):
                              f"（{out['micro_batches']}個ではなく）。micro_batches を増やすか schedule='gpipe' に"
                              "してください。"))
     return out
+
+
+def block_plan(model):
+    """DTensor's plan for a block of the ViT ``model``, built from ``planner.TP_PLAN``. Explained in 12_planning.
+
+    ``{"attn.q": ColwiseParallel(), ..., "mlp.fc2": RowwiseParallel()}``: the planner counts its collectives from
+    the same table (:func:`mparlib.planner.collectives`), so what runs and what is predicted cannot drift apart.
+    """
+    return {layer: STYLES[style]() for layer, style in tp_layers(ModelShape.from_vit(model.config)).items()}
 
 
 def name_of(layout):
@@ -259,7 +273,7 @@ def build(model, layout, mesh):
     if layout["tp"] > 1:
         for block in model.blocks:
             block.attn.heads //= layout["tp"]  # each tp rank computes its share of the heads
-            parallelize_module(block, mesh["tp"], BLOCK_PLAN)
+            parallelize_module(block, mesh["tp"], block_plan(model))
     s = mesh["pp"].get_local_rank()
     module = LayoutStage(model, s, layout["pp"], cp_group).to(dev)
     if layout["zero"] == 3:
@@ -358,7 +372,9 @@ def run_layout(config, layout, batches, *, lr=0.05, adam_lr=1e-3, timed=3, seed=
     check (``losses``: the global mean loss of each step); then Adam: one warm-up step (Adam creates its state),
     two identical steps inside :class:`StepMemory` (``memory``: the largest rank's ``peak`` of all it holds, the
     split of that peak into parameters, gradients, optimizer state and other, each rank's peak, and each rank's
-    peak in the repeated step, the same but for a collective's buffer freed late: :class:`StepMemory`), and
+    peak in the repeated step, the same but for a collective's buffer freed late: :class:`StepMemory`), one more
+    inside chapter 09's :class:`~mparlib.sharding.CollectiveLog` (``collectives``: for each rank its pipeline
+    stage and its calls and bytes by kind), and
     ``timed`` steps after one more warm-up, each between barriers (``step``: the summary of a
     :class:`~mparlib.timing.Timing`, the slowest rank's time per step).
     """
@@ -378,14 +394,19 @@ def run_layout(config, layout, batches, *, lr=0.05, adam_lr=1e-3, timed=3, seed=
     second = StepMemory(module, adam, parts_at=first.peak_op)
     with second:  # the same operators again: the split at the peak
         trainer.step(x, y, adam)
+    log = CollectiveLog()
+    with log:  # one more identical step: every collective this rank runs
+        trainer.step(x, y, adam)
     every = [None] * dist.get_world_size()
-    dist.all_gather_object(every, {"peak": first.peak, "again": second.peak, "parts": second.parts})
+    dist.all_gather_object(every, {"peak": first.peak, "again": second.peak, "parts": second.parts,
+                                   "stage": mesh["pp"].get_local_rank(), "collectives": log.summary()})
     top = max(every, key=lambda r: r["peak"])
     timing = measure(lambda: trainer.step(x, y, adam), warmup=0, min_seconds=0, min_repeats=timed,
                      max_repeats=timed, before=dist.barrier, across=slowest)
     return {"layout": layout, "name": name_of(layout), "losses": losses,
             "memory": {"peak": top["peak"], "parts": top["parts"], "per_rank": [r["peak"] for r in every],
                        "repeated": [r["again"] for r in every]},
+            "collectives": [{"stage": r["stage"], **r["collectives"]} for r in every],
             "step": timing.summary()}
 
 
@@ -454,6 +475,34 @@ def predict(config, layout, global_batch, cluster):
                        "activations": memory.activations, "gathered": memory.gathered, "total": memory.total},
             "time": {**{k: getattr(time, k) for k in ("compute", "tp", "cp", "pp", "bubble", "dp", "dp_exposed")},
                      "total": time.total}}
+
+
+def predicted_collectives(config, layout, global_batch, stage=0):
+    """The planner's collectives of pipeline rank ``stage`` in a layout of the ViT ``config``. Explained in 12_planning.
+
+    ``{kind: {"calls": n, "bytes": total}}`` per step (:func:`mparlib.planner.collectives`), the form of
+    :meth:`mparlib.sharding.CollectiveLog.summary`.
+    """
+    model = ModelShape.from_vit(vit_of(config).config)
+    return by_kind(collectives(model, Layout(**check_layout(layout)), global_batch, "fp32", stage))
+
+
+def collective_mismatches(config, result, global_batch, tolerance=0.01):
+    """Where the collectives counted on each rank differ from the planner's. Explained in 12_planning.
+
+    ``result``: one of :func:`run_layout`'s results. For every rank and kind, the calls must be equal and the bytes
+    within ``tolerance`` of the counted ones; returns the list of ``{"rank", "kind", "predicted", "measured"}`` that
+    are not (empty when every rank agrees).
+    """
+    found, none = [], {"calls": 0, "bytes": 0}
+    for rank, counted in enumerate(result["collectives"]):
+        counted = dict(counted)
+        predicted = predicted_collectives(config, result["layout"], global_batch, counted.pop("stage"))
+        for kind in sorted(set(predicted) | set(counted)):
+            p, m = predicted.get(kind, none), counted.get(kind, none)
+            if p["calls"] != m["calls"] or abs(p["bytes"] - m["bytes"]) > tolerance * max(m["bytes"], 1):
+                found.append({"rank": rank, "kind": kind, "predicted": p, "measured": m})
+    return found
 
 
 def spearman(a, b):

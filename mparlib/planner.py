@@ -23,6 +23,11 @@ from .sharding import PRECISIONS, bytes_per_parameter, zero_bytes_per_rank
 NORMS = ("layernorm", "rmsnorm")
 ATTENTION = ("flash", "scores")  # "flash": a fused kernel keeps no s x s scores; "scores": softmax output kept
 OPTIMIZERS = ("adam", "sgd")
+# The tensor-parallel plan of a block (chapter 10): how each linear layer is split. mparlib.layouts builds DTensor's
+# ColwiseParallel / RowwiseParallel from it (layouts.block_plan), and collectives() counts their collectives from it.
+TP_PLAN = {"attn.q": "colwise", "attn.k": "colwise", "attn.v": "colwise", "attn.out": "rowwise",
+           "mlp.fc1": "colwise", "mlp.gate": "colwise", "mlp.fc2": "rowwise"}
+_EXPERT_LAYERS = ("mlp.fc1", "mlp.gate", "mlp.fc2")  # in a mixture of experts, each has one matrix per expert
 
 
 def _refuse(en, ja):
@@ -126,30 +131,68 @@ class ModelShape:
                    gated=True, norm="rmsnorm", experts=experts, top_k=k, name=name)
 
     # counting ------------------------------------------------------------------------------------------------------
+    def block_tensors(self):
+        """Each parameter of one block, ``{name: shape}``, under the names of :class:`mparlib.vit.Block`.
+
+        Two norms ``norm1`` and ``norm2`` (with a bias under LayerNorm); ``attn.q``, ``attn.k``, ``attn.v`` (keys and
+        values ``kv_dim`` wide) and ``attn.out``; the MLP's ``mlp.fc1``, ``mlp.gate`` when gated, ``mlp.fc2``. A
+        mixture of experts adds ``mlp.router`` (no bias) and gives each MLP matrix a leading ``experts`` dimension.
+        Linear layers have a bias when ``bias``.
+        """
+        d, kv, shapes = self.dim, self.kv_dim, {}
+        width = (self.expert_hidden or self.hidden) if self.moe else self.hidden
+        lead = (self.experts,) if self.moe else ()
+
+        def norm(name):
+            shapes[f"{name}.weight"] = (d,)
+            if self.norm == "layernorm":
+                shapes[f"{name}.bias"] = (d,)
+
+        def linear(name, out, inp, first=()):
+            shapes[f"{name}.weight"] = (*first, out, inp)
+            if self.bias:
+                shapes[f"{name}.bias"] = (*first, out)
+
+        norm("norm1")
+        for name, out in (("attn.q", d), ("attn.k", kv), ("attn.v", kv), ("attn.out", d)):
+            linear(name, out, d)
+        norm("norm2")
+        if self.moe:
+            shapes["mlp.router.weight"] = (self.experts, d)
+        for name, out, inp in (("mlp.fc1", width, d), ("mlp.gate", width, d), ("mlp.fc2", d, width)):
+            if name != "mlp.gate" or self.gated:
+                linear(name, out, inp, lead)
+        return shapes
+
+    def outer_tensors(self):
+        """The parameters outside the blocks: ``{"embedding": {name: shape}, "head": {...}, "norm": {...}}``.
+
+        A token table ``tokens.weight`` (``vocab`` rows), or a patch embedding ``embed`` (a convolution with bias,
+        flattened to ``(dim, patch_pixels)``) and learned positions ``pos`` ``(1, seq, dim)``; the final ``norm``;
+        the ``head`` (none when ``tied``).
+        """
+        d, out = self.dim, self.outputs or self.vocab
+        embedding = {"tokens.weight": (self.vocab, d)} if self.vocab else {}
+        if self.patch_pixels:
+            embedding.update({"embed.weight": (d, self.patch_pixels), "embed.bias": (d,)})
+        if self.positions:
+            embedding["pos"] = (1, self.seq, d)
+        head = {} if self.tied else {"head.weight": (out, d), **({"head.bias": (out,)} if self.bias else {})}
+        norm = {"norm.weight": (d,), **({"norm.bias": (d,)} if self.norm == "layernorm" else {})}
+        return {"embedding": embedding, "head": head, "norm": norm}
+
     def mlp_parameters(self, width):
         """Weights (and biases) of one MLP (or one expert) of ``width``: ``2 dim width`` or ``3 dim width`` gated."""
         matrices = 3 if self.gated else 2
         return matrices * self.dim * width + (self.bias and (matrices - 1) * width + self.dim)
 
     def block_parameters(self):
-        """Parameters of one block: two norms, attention (q, k, v, out), the MLP or the experts and their router."""
-        norm = (2 if self.norm == "layernorm" else 1) * self.dim
-        d, kv = self.dim, self.kv_dim
-        attention = 2 * d * d + 2 * d * kv + (self.bias and 2 * d + 2 * kv)
-        if self.moe:
-            mlp = self.experts * self.mlp_parameters(self.expert_hidden or self.hidden) + d * self.experts
-        else:
-            mlp = self.mlp_parameters(self.hidden)
-        return 2 * norm + attention + mlp
+        """Parameters of one block: the sum of :meth:`block_tensors`."""
+        return sum(math.prod(shape) for shape in self.block_tensors().values())
 
     def outer_parameters(self):
         """Parameters outside the blocks: ``{"embedding": ..., "head": ..., "norm": ...}`` (the final norm)."""
-        d = self.dim
-        embed = self.vocab * d + (self.patch_pixels * d + d if self.patch_pixels else 0)
-        embed += self.seq * d if self.positions else 0
-        out = self.outputs or self.vocab
-        head = 0 if self.tied else out * d + (self.bias and out)
-        return {"embedding": embed, "head": head, "norm": (2 if self.norm == "layernorm" else 1) * d}
+        return {part: sum(math.prod(s) for s in shapes.values()) for part, shapes in self.outer_tensors().items()}
 
     def parameters(self):
         """Every parameter of the model: ``layers x block + embedding + head``."""
@@ -334,6 +377,17 @@ class Layout:
         chunks = self.pp * self.stages_per_rank
         return math.ceil(model.layers / chunks) * self.stages_per_rank
 
+    def stages_of(self, rank=0):
+        """The model stages (chunks of consecutive blocks, 0 first) pipeline rank ``rank`` holds.
+
+        One per rank (stage ``rank``); interleaved 1F1B deals ``stages_per_rank`` round-robin (``rank``,
+        ``rank + pp``, ...); zero bubble places two in a V (``rank`` and ``2 pp - 1 - rank``).
+        """
+        int_in(rank, "rank", 0, self.pp - 1, 0, "Layout.stages_of")
+        if self.schedule == "zbv" and self.pp > 1:
+            return [rank, 2 * self.pp - 1 - rank]
+        return [rank + j * self.pp for j in range(self.stages_per_rank if self.pp > 1 else 1)]
+
     def check(self, model, global_batch):
         """Raise a clear error if this layout cannot split ``model`` or a batch of ``global_batch`` samples.
 
@@ -344,6 +398,8 @@ class Layout:
                 ("hidden", model.hidden, "tp", self.tp), ("seq", model.seq, "cp", self.cp)]
         if model.moe:
             need.append(("experts", model.experts, "ep", self.ep))
+            if model.expert_hidden:
+                need.append(("expert_hidden", model.expert_hidden, "tp", self.tp))
         for size, value, degree, n in need:
             if value % n:
                 _refuse(f"Layout: {size}={value} does not divide by {degree}={n}; pick a {degree} that divides "
@@ -402,38 +458,74 @@ class Memory:
         return self.parameters + self.gradients + self.optimizer + self.activations + self.gathered
 
 
+def tp_layers(model):
+    """The layers of ``model``'s block that tensor parallelism splits, ``{layer: "colwise" | "rowwise"}``. Explained in 12_planning.
+
+    :data:`TP_PLAN` restricted to the layers the block has (``mlp.gate`` only when gated). Column-wise layers split
+    their outputs (rows of the weight, and the bias), row-wise layers their inputs (the bias stays whole).
+    """
+    names = {name.rpartition(".")[0] for name in model.block_tensors()}
+    return {layer: style for layer, style in TP_PLAN.items() if layer in names}
+
+
+def _local_shape(model, layout, name, shape):
+    """This rank's piece of the block tensor ``name``: split as :data:`TP_PLAN` says, experts by ``ep``."""
+    layer, _, kind = name.rpartition(".")
+    shape = list(shape)
+    first = 1 if model.moe and layer in _EXPERT_LAYERS else 0
+    if first:
+        shape[0] //= layout.ep
+    style = TP_PLAN.get(layer) if layout.tp > 1 else None
+    if style == "colwise":
+        shape[first] //= layout.tp
+    elif style == "rowwise" and kind == "weight":
+        shape[first + 1] //= layout.tp
+    return tuple(shape)
+
+
+def rank_tensors(model, layout, rank=0):
+    """The parameters pipeline rank ``rank`` holds, unit by unit as FSDP wraps them. Explained in 12_planning.
+
+    A list of ``(kind, role, {name: shape})``: for each block of its stages (:meth:`Layout.stages_of`, each stage
+    ``stage_layers / stages_per_rank`` blocks) a ``"block"`` unit of kind ``"dense"`` (and, for a mixture of experts,
+    one of kind ``"experts"``), then the ``"root"``: the embedding on the first stage (a token table split by ``tp``),
+    the final norm and the head on the last (a vocabulary head split by ``tp``). Shapes are this rank's pieces:
+    :data:`TP_PLAN`'s splits, experts divided by ``ep``.
+    """
+    block = {"dense": {}, "experts": {}}
+    for name, shape in model.block_tensors().items():
+        kind = "experts" if model.moe and name.rpartition(".")[0] in _EXPERT_LAYERS else "dense"
+        block[kind][name] = _local_shape(model, layout, name, shape)
+    units = [(kind, "block", block[kind]) for _ in range(layout.stage_layers(model))
+             for kind in ("dense", "experts") if block[kind]]
+    outer, t, root = model.outer_tensors(), layout.tp, {}
+    stages = layout.stages_of(rank)
+    if 0 in stages:
+        root.update({name: (shape[0] // t, *shape[1:]) if name == "tokens.weight" else shape
+                     for name, shape in outer["embedding"].items()})
+    if layout.pp * layout.stages_per_rank - 1 in stages:
+        vocab_head = model.vocab and not model.pooled  # split by tp like the token table
+        root.update({name: (shape[0] // t, *shape[1:]) if vocab_head else shape
+                     for name, shape in outer["head"].items()})
+        root.update(outer["norm"])
+    return units + ([("dense", "root", root)] if root else [])
+
+
+def _count(shapes):
+    return sum(math.prod(shape) for shape in shapes.values())
+
+
 def local_parameters(model, layout):
     """Parameters on the first pipeline rank: ``{"dense": ..., "experts": ...}``. Explained in 12_planning.
 
-    Its blocks' attention and MLP matrices are split by ``tp`` (the biases of row-split matrices and the norms are
-    whole on every rank, as in chapter 10), experts by ``ep x tp``; it holds the input table (a token table split
-    by ``tp``) and, without a pipeline, the head too.
+    The sum of :func:`rank_tensors`: its blocks' attention and MLP matrices split by ``tp`` (the biases of
+    row-split matrices and the norms are whole on every rank, as in chapter 10), experts by ``ep x tp``, the input
+    table (a token table split by ``tp``) and, when it also holds the last stage, the final norm and the head.
     """
-    dense, experts = _block_local(model, layout)
-    layers = layout.stage_layers(model)
-    outer = model.outer_parameters()
-    table = model.vocab * model.dim
-    t = layout.tp
-    dense = layers * dense + outer["embedding"] - table + table / t
-    if layout.pp == 1:
-        dense += outer["head"] / (t if model.vocab and not model.pooled else 1) + outer["norm"]
-    return {"dense": dense, "experts": layers * experts}
-
-
-def _block_local(model, layout):
-    """``(dense, experts)``: the parameters of one block on a rank, split by ``tp`` (and experts by ``ep``)."""
-    t, d, kv = layout.tp, model.dim, model.kv_dim
-    norms = 2 * (2 if model.norm == "layernorm" else 1) * d
-    attention = 2 * d * d + 2 * d * kv + (model.bias and d + 2 * kv)
-    row_bias = model.bias and d
-    width = (model.expert_hidden or model.hidden) if model.moe else model.hidden
-    mlp = model.mlp_parameters(width) - row_bias
-    if model.moe:
-        dense = norms + attention / t + row_bias + d * model.experts
-        experts = model.experts * (mlp / t + row_bias) / layout.ep
-    else:
-        dense, experts = norms + attention / t + mlp / t + 2 * row_bias, 0
-    return dense, experts
+    out = {"dense": 0, "experts": 0}
+    for kind, _, shapes in rank_tensors(model, layout):
+        out[kind] += _count(shapes)
+    return out
 
 
 def memory_per_rank(model, layout, global_batch, precision="fp32", optimizer="adam", regather=False):
@@ -467,12 +559,15 @@ def memory_per_rank(model, layout, global_batch, precision="fp32", optimizer="ad
         activations = tokens * (kept * layers * in_flight(layout) + per_token)
     else:
         activations = tokens * per_token * layers * in_flight(layout)
-    if layout.pp == 1 and not model.pooled:  # this rank is also the last: the scores and the loss's float32 copy
+    if layout.pp * layout.stages_per_rank - 1 in layout.stages_of(0) and not model.pooled:  # it is also the last
+        # stage: the scores and the loss's float32 copy
         activations += tokens * (model.outputs or model.vocab) / layout.tp * (e + 4)
     gathered = 0.0
     if layout.zero == 3 and layout.data_ranks() > 1:  # chapter 09: FSDP gathers a block whole to compute it, and
-        block = sum(_block_local(model, layout))  # prefetches the next; the block's gradients are whole until
-        per = bytes_per_parameter(precision, optimizer)  # they are reduce-scattered
+        # prefetches the next; the block's gradients are whole until they are reduce-scattered
+        blocks = [_count(shapes) for _, role, shapes in rank_tensors(model, layout) if role == "block"]
+        block = sum(blocks) / layers
+        per = bytes_per_parameter(precision, optimizer)
         gathered = block * (2 * per["params"] + per["grads"])
     return Memory(parts["params"], parts["grads"], parts["optimizer"], activations, gathered)
 
@@ -518,79 +613,208 @@ def collective_seconds(cluster, span, calls, sent_bytes):
     return calls * alpha + sent_bytes * beta
 
 
-def _model_parallel_comm(model, layout, cluster, micro, e):
-    """Seconds of tp, cp, ep and pp communication per step on one rank."""
-    t, c, x, p = layout.tp, layout.cp, layout.ep, layout.pp
-    layers, m = layout.stage_layers(model), layout.micro_batches
-    forwards = 2 if layout.recompute else 1  # a recomputed forward repeats its collectives
+# Bytes each rank sends for a collective whose whole tensor is b bytes, in a group of n (ring algorithms, chapter 08);
+# a receive costs nothing of its own: it is the other half of a neighbour's send.
+_SENT = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
+         "reduce_scatter": lambda n: (n - 1) / n, "all_to_all": lambda n: (n - 1) / n, "send": lambda n: 1,
+         "recv": lambda n: 0}
+KINDS = {"all_reduce": ("all-reduce", "オールリデュース"), "all_gather": ("all-gather", "オールギャザー"),
+         "reduce_scatter": ("reduce-scatter", "リデュース・スキャッター"),
+         "all_to_all": ("all-to-all", "オールツーオール"), "send": ("send", "送信"), "recv": ("receive", "受信")}
+# the kinds a Collective can be, with each edition's label
+
+
+@dataclass(frozen=True)
+class Collective:
+    """The collectives of one kind that a rank runs in a step for one purpose. Explained in 12_planning.
+
+    ``part``: what they serve (``"tp"``, ``"cp"``, ``"ep"``, ``"pp"``, ``"dp"``); ``kind``: one of :data:`KINDS`;
+    ``calls`` per step; ``bytes`` of all calls together, each counted as chapter 09's
+    :class:`~mparlib.sharding.CollectiveLog` counts a call: the whole tensor (an all-reduce's buffer, an
+    all-gather's gathered output, a reduce-scatter's unreduced input, what a send sends or a receive receives);
+    ``ranks`` in the group; ``span``: the consecutive ranks the group covers, which decides its link.
+    """
+
+    part: str
+    kind: str
+    calls: int
+    bytes: float
+    ranks: int
+    span: int
+
+    @property
+    def sent_bytes(self):
+        """What one rank sends for them in a ring: ``2 (n - 1) / n`` of an all-reduce, ``(n - 1) / n`` of an
+        all-gather, reduce-scatter or all-to-all, all of a send, nothing for a receive."""
+        return self.bytes * _SENT[self.kind](self.ranks)
+
+    def seconds(self, cluster):
+        """Chapter 08's model: ``calls x alpha + sent_bytes x beta`` on the group's link (a receive: 0)."""
+        return collective_seconds(cluster, self.span, 0 if self.kind == "recv" else self.calls, self.sent_bytes)
+
+
+def _padded(shapes, k):
+    """Elements of FSDP's all-gather output for these tensors: each one's dim 0 padded to a multiple of ``k``."""
+    return sum(-(-shape[0] // k) * k * math.prod(shape[1:]) for shape in shapes.values())
+
+
+def collectives(model, layout, global_batch, precision="fp32", rank=0):
+    """Every collective pipeline rank ``rank`` runs in one step, as a list of :class:`Collective`. Explained in 12_planning.
+
+    Counted from the plan the layouts run (:mod:`mparlib.layouts`), ``m`` micro-batches of ``global_batch / (dp
+    ep m)`` samples, ``L`` blocks on this rank (:meth:`Layout.stage_layers`), a recomputed forward repeating the
+    forward's collectives:
+
+    - ``tp``, from :data:`TP_PLAN`: each row-wise layer all-reduces its output in the forward pass, each column-wise
+      layer its input's gradient in the backward pass (DTensor converts each layer's input on its own, so q, k and
+      v are three all-reduces: chapter 10). With ``sp``: one all-gather forward and one reduce-scatter backward per
+      input that column-wise layers share (attention's, the MLP's), one reduce-scatter forward and one all-gather
+      backward per row-wise layer (chapter 11). The vocabulary-parallel loss's small all-reduces are not counted.
+    - ``cp``, ring attention (chapter 11): K and V travel on ``cp - 1`` times forward and again backward, dK and dV
+      ``cp`` times, each tensor its own send and receive; a pooled model's mean over the tokens adds an all-reduce
+      forward and one backward per micro-batch on the last stage.
+    - ``ep``: two all-to-alls forward and two backward per layer (chapter 11).
+    - ``pp``: per micro-batch, each stage sends its activation on and the gradient back, and receives the same.
+    - ``dp``, over the ``dp x cp x ep`` ranks that hold the same weights: ``zero=0`` one all-reduce of all the
+      gradients as one flat vector per step (:func:`mparlib.layouts.average_gradients`); ``zero=1`` one flat
+      reduce-scatter and one all-gather per step (chapter 09's ``ShardedOptimizer``); ``zero=2`` a reduce-scatter
+      per micro-batch (its gradients are sharded as soon as they exist); ``zero=3`` FSDP's units
+      (:func:`rank_tensors`), all-gathered with each dim 0 padded to a multiple of the group. Without a pipeline a
+      block is gathered for its forward and for its backward and reduce-scattered, the root gathered once, in
+      every micro-batch (FSDP2's defaults). Inside ``torch.distributed.pipelining`` the units stay whole after a
+      backward and reduce-scatter once, after the last: a block is gathered ``m + 1`` times (each forward that
+      follows a forward, the first backward; any order of F and B on a stage, as long as it ends in a backward),
+      the root once.
+
+    Everything travels in the compute precision (``precision``'s ``params`` bytes).
+    """
+    one_of(precision, "precision", tuple(PRECISIONS), "collectives")
+    micro = layout.check(model, global_batch)
+    found = {}
+
+    def add(part, kind, calls, each, ranks, span):
+        if calls:
+            key = (part, kind, ranks, span)
+            before = found.get(key, (0, 0))
+            found[key] = (before[0] + calls, before[1] + calls * each)
+
+    e = PRECISIONS[precision]["params"]
+    _model_parallel_collectives(add, model, layout, micro, e, rank)
+    _data_parallel_collectives(add, model, layout, e, rank)
+    return [Collective(part, kind, calls, nbytes, ranks, span)
+            for (part, kind, ranks, span), (calls, nbytes) in found.items()]
+
+
+def _model_parallel_collectives(add, model, layout, micro, e, rank):
+    """:func:`collectives`' tp, cp, ep and pp parts, each passed to ``add(part, kind, calls, bytes_each, ranks,
+    span)``."""
+    t, c, x, p, m = layout.tp, layout.cp, layout.ep, layout.pp, layout.micro_batches
+    stages = layout.stages_of(rank)
+    forwards = 2 if layout.recompute else 1
     tokens = micro * model.seq / c  # tokens of one micro-batch on this rank
     act = tokens * model.dim * e  # bytes of a (tokens, dim) activation
-    runs = layers * m
-    tp = 0.0
-    if t > 1:  # chapter 10: 2 all-reduces forward, 2 backward per block (sp: each an all-gather + reduce-scatter)
-        calls = (2 * forwards + 2) * runs * (2 if layout.sp else 1)
-        tp = collective_seconds(cluster, t, calls, (2 * forwards + 2) * runs * 2 * (t - 1) / t * act)
-    cp = 0.0
-    if c > 1:  # ring attention: K and V pass c - 1 times forward; backward again, and dK, dV c times
-        kv = tokens * 2 * model.kv_dim / t * e
-        sends = (forwards * (c - 1) + (c - 1) + c) * runs
-        cp = collective_seconds(cluster, t * c, sends, sends * kv)
-    ep = 0.0
-    if x > 1:  # chapter 11: two all-to-alls forward, two backward per MoE layer; (x - 1) / x of the rows leave
-        rows = tokens / (t if layout.sp else 1) * model.top_k * model.dim * e
-        calls = (2 * forwards + 2) * runs
-        ep = collective_seconds(cluster, t * c * x, calls, calls * rows * (x - 1) / x)
-    pp = 0.0
-    if p > 1:  # one activation forward and one gradient backward per micro-batch and stage
-        sends = 2 * m * layout.stages_per_rank
-        pp = collective_seconds(cluster, layout.world(), sends, sends * act / (t if layout.sp else 1))
-    return tp, cp, ep, pp
+    runs = layout.stage_layers(model) * m
+    if t > 1:
+        styles = tp_layers(model)
+        column = [layer for layer, style in styles.items() if style == "colwise"]
+        rows = len(styles) - len(column)
+        inputs = len({layer.partition(".")[0] for layer in column})  # layers reading the same input share it
+        if layout.sp:
+            add("tp", "all_gather", (inputs * forwards + rows) * runs, act, t, t)
+            add("tp", "reduce_scatter", (rows * forwards + inputs) * runs, act, t, t)
+        else:
+            add("tp", "all_reduce", (rows * forwards + len(column)) * runs, act, t, t)
+    if c > 1:
+        kv = tokens * model.kv_dim / t * e
+        passes = forwards * (c - 1) + (c - 1) + c
+        for kind in ("send", "recv"):
+            add("cp", kind, 2 * passes * runs, kv, c, t * c)
+        if model.pooled and p * layout.stages_per_rank - 1 in stages:
+            add("cp", "all_reduce", 2 * m, micro * model.dim * e, c, t * c)
+    if x > 1:
+        rows_sent = tokens / (t if layout.sp else 1) * model.top_k * model.dim * e
+        add("ep", "all_to_all", (2 * forwards + 2) * runs, rows_sent, x, t * c * x)
+    if p > 1:
+        ends = sum(s < p * layout.stages_per_rank - 1 for s in stages) + sum(s > 0 for s in stages)
+        for kind in ("send", "recv"):
+            add("pp", kind, ends * m, act / (t if layout.sp else 1), p, layout.world())
 
 
-def _data_parallel_comm(model, layout, cluster, precision):
-    """Seconds of the gradient (and ZeRO-3 parameter) collectives per step on one rank."""
-    e = PRECISIONS[precision]["params"]
-    span = layout.tp * layout.cp * layout.ep * layout.dp
-    total = 0.0
-    for kind, n in local_parameters(model, layout).items():
+def _data_parallel_collectives(add, model, layout, e, rank):
+    """:func:`collectives`' dp part, passed to ``add`` as in :func:`_model_parallel_collectives`."""
+    m, span = layout.micro_batches, layout.tp * layout.cp * layout.ep * layout.dp
+    units = rank_tensors(model, layout, rank)
+    for kind in ("dense", "experts"):
         k = layout.data_ranks(kind == "experts")
-        if not n or k == 1:
+        mine = [(role, shapes) for unit_kind, role, shapes in units if unit_kind == kind]
+        if k == 1 or not mine:
             continue
-        buckets = layout.stage_layers(model) + 1  # one bucket per block, one for the rest
-        if layout.zero == 3:  # all-gather forward and backward per micro-batch, one reduce-scatter
-            calls, rounds = (2 * layout.micro_batches + 1) * buckets, 2 * layout.micro_batches + 1
-        else:  # one all-reduce per step (ZeRO-1/2: a reduce-scatter and an all-gather, the same bytes)
-            calls, rounds = (1 if layout.zero == 0 else 2) * buckets, 2
-        total += collective_seconds(cluster, span, calls, rounds * (k - 1) / k * n * e)
-    return total
+        n = sum(_count(shapes) for _, shapes in mine)
+        if layout.zero == 0:
+            add("dp", "all_reduce", 1, n * e, k, span)
+        elif layout.zero in (1, 2):
+            flat = -(-n // k) * k  # the flat vector padded to equal shards
+            add("dp", "reduce_scatter", m if layout.zero == 2 else 1, flat * e, k, span)
+            add("dp", "all_gather", 1, flat * e, k, span)
+        else:
+            for role, shapes in mine:
+                whole = _padded(shapes, k) * e
+                if layout.pp > 1:
+                    add("dp", "all_gather", m + 1 if role == "block" else 1, whole, k, span)
+                    add("dp", "reduce_scatter", 1, whole, k, span)
+                else:
+                    add("dp", "all_gather", 2 * m if role == "block" else m, whole, k, span)
+                    add("dp", "reduce_scatter", m, whole, k, span)
+
+
+def by_kind(found):
+    """``{kind: {"calls": n, "bytes": total}}`` of a list of :class:`Collective`. Explained in 12_planning.
+
+    The form of :meth:`mparlib.sharding.CollectiveLog.summary`, so a prediction and a run compare key by key.
+    """
+    out = {}
+    for col in found:
+        entry = out.setdefault(col.kind, {"calls": 0, "bytes": 0})
+        entry["calls"] += col.calls
+        entry["bytes"] += col.bytes
+    return out
 
 
 def step_time(model, layout, global_batch, cluster, precision="fp32", overlap=0.0):
     """Predicted seconds of one step of ``layout``: a :class:`StepTime`. Explained in 12_planning.
 
     Compute: ``flops_per_sample x global_batch`` shared by all ranks at ``cluster.flops_per_s`` (4/3 of it with
-    ``recompute``). Communication: chapter 08's alpha-beta model with ring traffic, on the link the group needs
-    (:func:`link`; groups laid out tp innermost, then cp, ep, dp, pp outermost). The bubble: chapter 10's
-    ``bubble_formula`` share ``b`` of a step whose busy part is compute plus tp, cp, ep and pp communication, so
-    ``busy x b / (1 - b)``. ``overlap``: the share of the data-parallel collectives hidden under compute (0: none
-    hidden, the default; at most the compute time is hidden). ``precision``: one of chapter 09's ``PRECISIONS``.
+    ``recompute``). Communication: each of :func:`collectives` priced by chapter 08's alpha-beta model
+    (:meth:`Collective.seconds`) on the link its group needs (:func:`link`), for the pipeline rank whose
+    collectives take longest (the first, a middle or the last stage). The bubble: chapter 10's ``bubble_formula``
+    share ``b`` of a step whose busy part is compute plus tp, cp, ep and pp communication, so ``busy x b /
+    (1 - b)``. ``overlap``: the share of the data-parallel collectives hidden under compute (0: none hidden, the
+    default; at most the compute time is hidden). ``precision``: one of chapter 09's ``PRECISIONS``. A model, not a
+    measurement: it leaves out what each collective costs beyond alpha and beta (FSDP's copies in and out of its
+    flat buffers, DTensor's bookkeeping) and any overlap of communication with compute other than ``overlap``.
     """
     one_of(precision, "precision", tuple(PRECISIONS), "step_time")
     overlap = finite_float(overlap, "overlap", 0.5, "step_time", minimum=0)
     if overlap > 1:
         _refuse(f"step_time: overlap={overlap} is a share of the data-parallel time; use 0 to 1.",
                 f"step_time: overlap={overlap} はデータ並列の時間のうち隠れる割合です。0 から 1 にしてください。")
-    micro = layout.check(model, global_batch)
+    layout.check(model, global_batch)
     flops = model.flops_per_sample() * global_batch * (4 / 3 if layout.recompute else 1)
     compute = flops / (layout.world() * cluster.flops_per_s)
-    e = PRECISIONS[precision]["params"]
-    tp, cp, ep, pp = _model_parallel_comm(model, layout, cluster, micro, e)
     share = bubble_formula(layout.pp, layout.micro_batches, schedule=layout.schedule,
                            stages_per_rank=layout.stages_per_rank)
-    busy = compute + tp + cp + ep + pp
-    dp = _data_parallel_comm(model, layout, cluster, precision)
+    slowest = None
+    for rank in sorted({0, min(1, layout.pp - 1), layout.pp - 1}):
+        parts = dict.fromkeys(("tp", "cp", "ep", "pp", "dp"), 0.0)
+        for col in collectives(model, layout, global_batch, precision, rank):
+            parts[col.part] += col.seconds(cluster)
+        if slowest is None or sum(parts.values()) > sum(slowest.values()):
+            slowest = parts
+    busy = compute + slowest["tp"] + slowest["cp"] + slowest["ep"] + slowest["pp"]
+    dp = slowest["dp"]
     exposed = dp - min(overlap * dp, compute)
-    return StepTime(compute, tp, cp, ep, pp, busy * share / (1 - share), dp, exposed)
+    return StepTime(compute, slowest["tp"], slowest["cp"], slowest["ep"], slowest["pp"], busy * share / (1 - share),
+                    dp, exposed)
 
 
 @dataclass(frozen=True)

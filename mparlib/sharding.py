@@ -364,27 +364,36 @@ class Zero2Optimizer:
 class CollectiveLog(TorchDispatchMode):
     """Record the collectives run inside ``with CollectiveLog() as log:``, with their bytes. Explained in 09_sharding.
 
-    Collectives of ``torch.distributed`` (and so FSDP's) reach PyTorch's dispatcher as operators of the ``c10d``
-    namespace; this mode sees each one and records its kind and the bytes of the whole tensor it works on (the
-    gathered output of an all-gather, the unreduced input of a reduce-scatter). ``log.calls`` is the list of
-    ``(kind, bytes)``; :meth:`summary` totals them by kind.
+    Collectives of ``torch.distributed`` (and so FSDP's and the pipeline's sends and receives) reach PyTorch's
+    dispatcher as operators of the ``c10d`` namespace, DTensor's as functional collectives (``_c10d_functional``);
+    this mode sees each one and records its kind and the bytes of the whole tensor it works on (the gathered output
+    of an all-gather, the unreduced input of a reduce-scatter, what a send sends or a receive receives). Waiting
+    for a functional collective is not a call of its own. ``log.calls`` is the list of ``(kind, bytes)``;
+    :meth:`summary` totals them by kind. Chapter 12 compares it with the planner's count.
     """
 
     KINDS = {"_allgather_base_": "all_gather", "allgather_": "all_gather", "allgather_into_tensor_coalesced_":
              "all_gather", "_reduce_scatter_base_": "reduce_scatter", "reduce_scatter_": "reduce_scatter",
-             "allreduce_": "all_reduce", "broadcast_": "broadcast"}
+             "allreduce_": "all_reduce", "broadcast_": "broadcast", "send": "send", "recv_": "recv",
+             "alltoall_base_": "all_to_all", "all_reduce": "all_reduce", "all_gather_into_tensor": "all_gather",
+             "reduce_scatter_tensor": "reduce_scatter", "all_to_all_single": "all_to_all"}
+    NOT_CALLS = ("wait_tensor", "_wrap_tensor_autograd")  # functional collectives' waits and wrappers
 
     def __init__(self):
         super().__init__()
         self.calls = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
         if func.namespace == "c10d":
-            name = func.overloadpacket.__name__
             whole = args[1] if name in ("_reduce_scatter_base_", "reduce_scatter_") else args[0]
             pieces = whole if isinstance(whole, (list, tuple)) else [whole]
             flat = [t for x in pieces for t in (x if isinstance(x, (list, tuple)) else [x]) if torch.is_tensor(t)]
             self.calls.append((self.KINDS.get(name, name), sum(t.numel() * t.element_size() for t in flat)))
+        elif func.namespace == "_c10d_functional" and name not in self.NOT_CALLS:
+            nbytes = args[0].numel() * args[0].element_size()  # the input: whole but for an all-gather's shard
+            whole = nbytes * (args[1] if name == "all_gather_into_tensor" else 1)  # args[1]: the group's size
+            self.calls.append((self.KINDS.get(name, name), whole))
         return func(*args, **(kwargs or {}))
 
     def summary(self):

@@ -39,7 +39,7 @@ def one_process(batches):
 
 
 @pytest.mark.slow
-def test_every_layout_on_8_ranks_trains_like_one_process_and_counts_its_memory():
+def test_every_layout_on_8_ranks_trains_like_one_process_and_runs_the_planners_collectives():
     batches = data()
     model, reference = one_process(batches)
     report = launch(layouts.layouts_worker, 8, args=(CONFIG, LAYOUTS, batches), kwargs={"timed": 1}, echo=False,
@@ -51,6 +51,14 @@ def test_every_layout_on_8_ranks_trains_like_one_process_and_counts_its_memory()
                                    msg=lambda m: f"{r['name']}: {m}")
         memory = r["memory"]
         assert memory["peak"] == max(memory["per_rank"]) and sum(memory["parts"].values()) <= memory["peak"] * 1.1
+    for r in report["layouts"]:  # every rank's collectives, counted in a step, are the planner's: calls and bytes
+        assert layouts.collective_mismatches(CONFIG, r, 32) == [], r["name"]
+        assert {c["stage"] for c in r["collectives"]} == set(range(r["layout"]["pp"]))
+    kinds = [set().union(*(c.keys() for c in r["collectives"])) - {"stage"} for r in report["layouts"]]
+    # the check sees every kind the layouts use: one all-reduce (dp), FSDP's gathers and reduce-scatters, DTensor's
+    # functional all-reduces (tp), the pipeline's and the ring's sends and receives
+    assert kinds == [{"all_reduce"}, {"all_gather", "reduce_scatter"}, {"all_gather", "reduce_scatter", "all_reduce"},
+                     {"all_gather", "reduce_scatter", "all_reduce", "send", "recv"}, {"all_reduce", "send", "recv"}]
     n = sum(p.numel() for p in model.parameters())
     tensors = len(list(model.parameters()))
     dp = report["layouts"][0]["memory"]["parts"]  # dp 8 keeps the whole training state on every rank
@@ -102,6 +110,8 @@ def test_layouts_that_cannot_run_are_refused_with_what_to_change():
         layouts.check_layout({"dp": 4, "tp": 2}, 8)
     with pytest.raises(ConfigError, match="micro_batches"):
         layouts.check_layout({"dp": 4, "pp": 2, "micro_batches": 1}, 8)
+    with pytest.raises(ConfigError, match="micro_batches=1 or pp > 1"):
+        layouts.check_layout({"dp": 8, "micro_batches": 2}, 8)
     with pytest.raises(ConfigError, match="fields"):
         layouts.check_layout({"dp": 8, "fsdp": 8}, 8)
     assert layouts.name_of({"dp": 2, "zero": 3, "tp": 2, "pp": 2}) == "fsdp 2 x tp 2 x pp 2"

@@ -171,8 +171,8 @@ def test_data_parallel_step_time_by_hand():
     n, flops = model.parameters(), model.flops_per_sample()
     t = planner.step_time(model, planner.Layout(dp=2), 6, cluster(), precision="fp32")
     assert t.compute == pytest.approx(flops * 6 / (2 * 1e9))
-    # one all-reduce per step in 3 buckets (2 blocks + the rest): 3 alpha + 2 (2 - 1) / 2 x 4N bytes x beta
-    assert t.dp == pytest.approx(3 * 1e-5 + 4 * n * 1e-9)
+    # one all-reduce of all the gradients as one flat vector: alpha + 2 (2 - 1) / 2 x 4N bytes x beta
+    assert t.dp == pytest.approx(1e-5 + 4 * n * 1e-9)
     assert t.total == pytest.approx(t.compute + t.dp)
     half = planner.step_time(model, planner.Layout(dp=2), 6, cluster(), precision="fp32", overlap=0.5)
     assert half.total == pytest.approx(t.compute + t.dp / 2)
@@ -183,10 +183,12 @@ def test_tensor_parallel_step_time_uses_the_link_the_group_needs():
     act = 3 * 4 * 8 * 4  # 3 samples x 4 tokens x 8 features x 4 bytes
     for tp, alpha, beta in [(4, 1e-5, 1e-9), (8, 1e-4, 1e-8)]:  # 4 devices per node: tp 8 crosses nodes
         t = planner.step_time(model, planner.Layout(tp=tp), 3, cluster(), precision="fp32")
-        # 2 blocks x (2 all-reduces forward + 2 backward), each 2 (t - 1) / t of the activation
-        assert t.tp == pytest.approx(8 * alpha + 8 * 2 * (tp - 1) / tp * act * beta)
+        # 2 blocks x (2 all-reduces forward: out, fc2; 4 backward: q, k, v, fc1), each 2 (t - 1) / t of the activation
+        assert t.tp == pytest.approx(12 * alpha + 12 * 2 * (tp - 1) / tp * act * beta)
         sp = planner.step_time(model, planner.Layout(tp=tp, sp=True), 3, cluster(), precision="fp32")
-        assert sp.tp == pytest.approx(t.tp + 8 * alpha)  # the same bytes in twice as many collectives
+        # sequence parallel: per block 2 all-gathers + 2 reduce-scatters forward (attention's and the MLP's shared
+        # input, out's and fc2's outputs) and as many backward, each (t - 1) / t of the activation
+        assert sp.tp == pytest.approx(16 * alpha + 16 * (tp - 1) / tp * act * beta)
 
 
 def test_the_bubble_is_bubble_formulas_share_of_the_step():
@@ -337,3 +339,64 @@ def test_fsdp_holds_two_blocks_whole_and_one_blocks_gradients():
     assert planner.memory_per_rank(shape, planner.Layout(dp=1, zero=3), 16).gathered == 0
     with_tp = planner.memory_per_rank(shape, planner.Layout(dp=2, zero=3, tp=2), 16)
     assert with_tp.gathered < fsdp.gathered  # a tensor-parallel rank gathers only its half of the matrices
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+def test_tensors_are_the_real_vits_parameters(config):
+    shape, model = planner.ModelShape.from_vit(config), vit("smoke", **config.__dict__)
+    real = {name: tuple(p.shape) for name, p in model.blocks[0].named_parameters()}
+    assert shape.block_tensors() == real  # the names the tensor-parallel plan splits, and their shapes
+    outer = {name: s for part in shape.outer_tensors().values() for name, s in part.items()}
+    real = {name: p for name, p in model.named_parameters() if not name.startswith("blocks.")}
+    assert set(outer) == set(real)
+    for name, p in real.items():  # the patch embedding is kept flat, (dim, pixels): the same dim 0 and size
+        assert (outer[name][0], math.prod(outer[name])) == (p.shape[0], p.numel()), name
+
+
+def test_the_tensor_parallel_plan_splits_the_layers_it_names():
+    gated = planner.ModelShape(layers=1, dim=8, heads=2, hidden=32, seq=4, vocab=16, gated=True, bias=True)
+    assert planner.tp_layers(gated) == {"attn.q": "colwise", "attn.k": "colwise", "attn.v": "colwise",
+                                        "attn.out": "rowwise", "mlp.fc1": "colwise", "mlp.gate": "colwise",
+                                        "mlp.fc2": "rowwise"}
+    units = planner.rank_tensors(gated, planner.Layout(tp=2))
+    block = units[0][2]
+    assert block["mlp.gate.weight"] == (16, 8) and block["mlp.gate.bias"] == (16,)  # column-wise: outputs split
+    assert block["mlp.fc2.weight"] == (8, 16) and block["mlp.fc2.bias"] == (8,)  # row-wise: inputs; bias whole
+    col = planner.collectives(gated, planner.Layout(tp=2), 2)
+    # per block 2 row-wise outputs forward, 5 column-wise input gradients backward (q, k, v, fc1, gate)
+    assert planner.by_kind(col) == {"all_reduce": {"calls": 7, "bytes": 7 * 2 * 4 * 8 * 4}}
+
+
+def test_fsdp_calls_with_and_without_a_pipeline_by_hand():
+    # 4 blocks of 8 x 8 attention and 8 x 32 MLP (no biases, RMSNorm) and a token table of 30 rows
+    model = planner.ModelShape(layers=4, dim=8, heads=2, hidden=32, seq=4, vocab=30, norm="rmsnorm")
+    block = 16 + 4 * 64 + 2 * 256  # two norms, q k v out, fc1 fc2: dim 0 of each divides by 4
+    col = planner.by_kind(planner.collectives(model, planner.Layout(dp=4, zero=3, micro_batches=3), 24))
+    root = 32 * 8 + 8 + 32 * 8  # the table and the head, 30 rows padded to 32, and the final norm
+    # FSDP2's defaults, 3 micro-batches: each block gathered forward and backward, the root once, all reduce-scattered
+    assert col["all_gather"] == {"calls": 4 * 6 + 3, "bytes": 4 * (4 * 6 * block + 3 * root)}
+    assert col["reduce_scatter"] == {"calls": 5 * 3, "bytes": 4 * 3 * (4 * block + root)}
+    piped = planner.Layout(dp=2, zero=3, pp=2, micro_batches=4)
+    for rank, outer in ((0, 30 * 8), (1, 30 * 8 + 8)):  # first stage: the table; last: the head and the norm (30
+        # rows divide by 2: no padding)
+        col = planner.collectives(model, piped, 16, rank=rank)
+        kinds = planner.by_kind(c for c in col if c.part == "dp")
+        # inside torch's pipelining: a block gathered m + 1 = 5 times, the root once, one reduce-scatter each
+        assert kinds["all_gather"] == {"calls": 2 * 5 + 1, "bytes": 4 * (2 * 5 * block + outer)}
+        assert kinds["reduce_scatter"] == {"calls": 3, "bytes": 4 * (2 * block + outer)}
+        act = 16 // 2 // 4 * 4 * 8 * 4  # 2 samples x 4 tokens x 8 x 4 bytes, one send and one receive each
+        assert planner.by_kind(c for c in col if c.part == "pp") == {k: {"calls": 4, "bytes": 4 * act}
+                                                                     for k in ("send", "recv")}
+
+
+def test_pipeline_ranks_hold_the_stages_of_their_schedule():
+    assert planner.Layout(pp=4, micro_batches=4).stages_of(1) == [1]
+    assert planner.Layout(pp=4, micro_batches=8, schedule="interleaved1f1b", stages_per_rank=2).stages_of(1) == [1, 5]
+    assert planner.Layout(pp=4, micro_batches=8, schedule="zbv", stages_per_rank=2).stages_of(0) == [0, 7]
+    model = planner.ModelShape(layers=8, dim=8, heads=2, hidden=32, seq=4, vocab=16)
+    zbv = planner.Layout(pp=4, micro_batches=8, schedule="zbv", stages_per_rank=2)
+    # the V puts the first and the last stage on rank 0: it holds the table and the head; rank 1 neither
+    roots = {r: [u for u in planner.rank_tensors(model, zbv, r) if u[1] == "root"] for r in (0, 1)}
+    assert set(roots[0][0][2]) == {"tokens.weight", "head.weight", "norm.weight", "norm.bias"} and not roots[1]
+    with pytest.raises(ConfigError, match="rank"):
+        zbv.stages_of(4)
