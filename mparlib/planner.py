@@ -444,18 +444,25 @@ def in_flight(layout):
 
 @dataclass(frozen=True)
 class Memory:
-    """Bytes one rank holds while training, by part, and their ``total``. Explained in 12_planning."""
+    """Bytes one rank holds while training, by part, and their ``total`` at the peak. Explained in 12_planning.
+
+    ``gathered``: ZeRO-3's units held whole; ``flat_copy``: the flat copy of the gradients that the data-parallel
+    step makes after the backward pass (``zero`` 0 and 1), when the activations are already freed.
+    """
 
     parameters: float
     gradients: float
     optimizer: float
     activations: float
-    gathered: float = 0.0  # ZeRO-3 / FSDP: the units gathered whole for the moment they compute
+    gathered: float = 0.0
+    flat_copy: float = 0.0
 
     @property
     def total(self):
-        """All five parts together."""
-        return self.parameters + self.gradients + self.optimizer + self.activations + self.gathered
+        """The peak: the training state, plus the backward pass's activations and gathered units or, after it, the
+        flat copy of the gradients, whichever is larger."""
+        during = self.activations + self.gathered
+        return self.parameters + self.gradients + self.optimizer + max(during, self.flat_copy)
 
 
 def tp_layers(model):
@@ -536,10 +543,18 @@ def memory_per_rank(model, layout, global_batch, precision="fp32", optimizer="ad
     the same weights (``layout.data_ranks()``). Activations: :func:`activation_bytes_per_layer` for each token of a
     micro-batch on this rank (``seq / cp`` of each sample), for each block of its stage, for the micro-batches in
     flight (:func:`in_flight`); with ``recompute``, only each block's input, plus one block in full (``regather``:
-    as :func:`activation_bytes_per_layer`). Without a pipeline it is also the last rank and adds the output scores
-    of one micro-batch with their float32 copy for the loss (``tokens x outputs / tp x (e + 4)``). Under ZeRO-3
-    (FSDP) ``gathered`` adds what chapter 09 measured FSDP2 to hold whole at a time: two blocks' parameters (the one
-    computing and the one prefetched) and one block's gradients before their reduce-scatter. Buffers of other
+    as :func:`activation_bytes_per_layer`). When it also holds the last stage it adds the output scores of one
+    micro-batch with their float32 copy for the loss (``tokens x outputs / tp x (e + 4)``).
+
+    Under ZeRO-3 (FSDP) without a pipeline, ``gathered`` adds what chapter 09 measured FSDP2 to hold whole at a
+    time: two blocks' parameters (the one computing and the one prefetched) and one block's gradients before their
+    reduce-scatter. Inside ``torch.distributed.pipelining`` FSDP2 keeps every unit of the stage whole from its
+    first backward pass to the end of the step and accumulates whole gradients, reduce-scattered once after the
+    last backward (:func:`collectives`): ``gathered`` is then the stage's whole parameters, and ``gradients`` its
+    whole gradients, not a shard. The cheap side of both options (one reduce-scatter per step, gradients sharded)
+    exists in no schedule. With ``zero`` 0 or 1 the data-parallel step copies all the gradients into one flat
+    vector (``layouts.average_gradients``, chapter 09's ``ShardedOptimizer``): ``flat_copy``, held after the
+    backward pass, so the peak is the larger of it and the activations (:attr:`Memory.total`). Buffers of other
     collectives, temporaries and the allocator's fragmentation are not counted.
     """
     one_of(optimizer, "optimizer", OPTIMIZERS, "memory_per_rank")
@@ -562,14 +577,18 @@ def memory_per_rank(model, layout, global_batch, precision="fp32", optimizer="ad
     if layout.pp * layout.stages_per_rank - 1 in layout.stages_of(0) and not model.pooled:  # it is also the last
         # stage: the scores and the loss's float32 copy
         activations += tokens * (model.outputs or model.vocab) / layout.tp * (e + 4)
-    gathered = 0.0
-    if layout.zero == 3 and layout.data_ranks() > 1:  # chapter 09: FSDP gathers a block whole to compute it, and
+    gathered, flat_copy = 0.0, 0.0
+    per = bytes_per_parameter(precision, optimizer)
+    if layout.zero == 3 and layout.data_ranks() > 1 and layout.pp > 1:  # whole from the first backward on
+        whole = sum(local.values())
+        gathered, parts["grads"] = whole * per["params"], whole * per["grads"]
+    elif layout.zero == 3 and layout.data_ranks() > 1:  # chapter 09: FSDP gathers a block whole to compute it, and
         # prefetches the next; the block's gradients are whole until they are reduce-scattered
         blocks = [_count(shapes) for _, role, shapes in rank_tensors(model, layout) if role == "block"]
-        block = sum(blocks) / layers
-        per = bytes_per_parameter(precision, optimizer)
-        gathered = block * (2 * per["params"] + per["grads"])
-    return Memory(parts["params"], parts["grads"], parts["optimizer"], activations, gathered)
+        gathered = sum(blocks) / layers * (2 * per["params"] + per["grads"])
+    elif layout.zero <= 1 and layout.data_ranks() > 1:
+        flat_copy = sum(local.values()) * per["grads"]
+    return Memory(parts["params"], parts["grads"], parts["optimizer"], activations, gathered, flat_copy)
 
 
 @dataclass(frozen=True)

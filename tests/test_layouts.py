@@ -112,6 +112,13 @@ def test_layouts_that_cannot_run_are_refused_with_what_to_change():
         layouts.check_layout({"dp": 4, "pp": 2, "micro_batches": 1}, 8)
     with pytest.raises(ConfigError, match="micro_batches=1 or pp > 1"):
         layouts.check_layout({"dp": 8, "micro_batches": 2}, 8)
+    with pytest.raises(ConfigError, match=r"4 blocks do not split into pp=3 stages .* \(1, 2, 4\)"):
+        layouts.check_split(CONFIG, layouts.check_layout({"dp": 2, "pp": 3, "micro_batches": 3}), 6)
+    with pytest.raises(ConfigError, match="heads=4 does not divide by tp=8"):  # the planner's own refusal
+        layouts.check_split(CONFIG, layouts.check_layout({"tp": 8, "zero": 3}), 8)
+    with pytest.raises(ConfigError, match="global_batch=30 does not divide"):
+        layouts.check_split(CONFIG, layouts.check_layout({"dp": 4, "zero": 3}), 30)
+    layouts.check_split(CONFIG, layouts.check_layout({"dp": 2, "zero": 3, "tp": 2, "pp": 2, "micro_batches": 2}), 32)
     with pytest.raises(ConfigError, match="fields"):
         layouts.check_layout({"dp": 8, "fsdp": 8}, 8)
     assert layouts.name_of({"dp": 2, "zero": 3, "tp": 2, "pp": 2}) == "fsdp 2 x tp 2 x pp 2"

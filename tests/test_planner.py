@@ -400,3 +400,22 @@ def test_pipeline_ranks_hold_the_stages_of_their_schedule():
     assert set(roots[0][0][2]) == {"tokens.weight", "head.weight", "norm.weight", "norm.bias"} and not roots[1]
     with pytest.raises(ConfigError, match="rank"):
         zbv.stages_of(4)
+
+
+def test_the_data_parallel_step_adds_what_its_code_holds():
+    model = planner.ModelShape(layers=4, dim=8, heads=2, hidden=32, seq=4, vocab=30, norm="rmsnorm")
+    n = model.parameters()
+    ddp = planner.memory_per_rank(model, planner.Layout(dp=4), 8)
+    # fp32 Adam: after the backward pass the flat copy of all gradients (4n) stands where the activations were
+    assert ddp.flat_copy == 4 * n and ddp.gathered == 0
+    assert ddp.total == 16 * n + max(ddp.activations, 4 * n)
+    zero1 = planner.memory_per_rank(model, planner.Layout(dp=4, zero=1), 8)
+    assert zero1.flat_copy == 4 * n and planner.memory_per_rank(model, planner.Layout(dp=4, zero=2), 8).flat_copy == 0
+    alone = planner.memory_per_rank(model, planner.Layout(), 8)
+    assert alone.flat_copy == 0 and alone.total == 16 * n + alone.activations  # one rank: nothing to average
+    piped = planner.Layout(dp=2, zero=3, pp=2, micro_batches=4)
+    local = planner.local_parameters(model, piped)["dense"]
+    fsdp = planner.memory_per_rank(model, piped, 16)
+    # inside torch's pipelining FSDP2 keeps the stage's weights and its accumulated gradients whole
+    assert (fsdp.parameters, fsdp.gradients, fsdp.gathered) == (4 * local / 2, 4 * local, 4 * local)
+    assert fsdp.optimizer == 8 * local / 2 and fsdp.flat_copy == 0

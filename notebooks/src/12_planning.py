@@ -349,6 +349,7 @@ for p, result in beyond.items():
 # | parameters, gradients, optimizer state | `bytes_per_parameter` x this rank's weights (`local_parameters`: blocks' matrices / tp, experts / (ep tp), stages / pp), sharded over `dp x cp x ep` ranks by `zero_bytes_per_rank` | chapters 9, 10, 11 |
 # | activations per block and token | `activation_bytes_per_layer`: the tensors the block saves, listed below | chapters 9-11 |
 # | activations in flight | `in_flight`: GPipe `m`, 1F1B and ZBV `min(m, p)`, interleaved `min(m v, p v + p - 1) / v` stages | chapter 10 |
+# | what the data-parallel step adds | ZeRO-3: two blocks' weights and one block's gradients whole (chapter 9), and inside a pipeline the stage's weights and gradients whole; `zero` 0 and 1: a flat copy of the gradients after the backward pass, when the activations are freed (the peak is the larger of the two) | chapters 9, 10 |
 # | compute | `flops_per_sample x batch / (ranks x FLOP/s)`; forward + backward = 3 x forward; recomputation 4/3 of it | chapter 7 |
 # | a collective | `collective_seconds`: `calls x alpha + bytes sent x beta`, bytes sent = `2 (n-1)/n` of the message for an all-reduce, `(n-1)/n` for reduce-scatter and all-gather, all of it for a send, on the link that `link` picks | chapter 8 |
 # | tensor (+ sequence) parallelism | from `planner.TP_PLAN`, the plan the layouts run: per block one all-reduce forward for each row-wise layer (out, fc2) and one backward for each column-wise layer (q, k, v, fc1); with `sp`, an all-gather and a reduce-scatter for each input the column-wise layers share and for each row-wise layer, forward and backward | chapters 10, 11 |
@@ -381,6 +382,7 @@ for p, result in beyond.items():
 # | パラメータ、勾配、オプティマイザの状態 | `bytes_per_parameter` x このランクの重み（`local_parameters`: ブロックの行列は tp で、エキスパートは ep tp で、ステージは pp で割ります）を、`zero_bytes_per_rank` で `dp x cp x ep` 個のランクにシャーディング | 9章、10章、11章 |
 # | ブロックとトークンあたりの活性化 | `activation_bytes_per_layer`: ブロックが保存するテンソル（下に列挙します） | 9〜11章 |
 # | 処理中のマイクロバッチの活性化 | `in_flight`: GPipe は `m`、1F1B と ZBV は `min(m, p)`、インターリーブは `min(m v, p v + p - 1) / v` ステージ分 | 10章 |
+# | データ並列のステップが加えるもの | ZeRO-3: ブロック 2つ分の重みとブロック 1つ分の勾配を丸ごと（9章）。パイプラインの中ではステージの重みと勾配を丸ごと。`zero` が 0 と 1: 逆伝播のあと、活性化が解放されたときの勾配のフラットなコピー（ピークは 2つの大きいほう） | 9章、10章 |
 # | 計算 | `flops_per_sample x バッチ / (ランク数 x FLOP/s)`。順伝播 + 逆伝播 = 順伝播の 3倍、再計算ではその 4/3 | 7章 |
 # | 集合通信 1種類 | `collective_seconds`: `回数 x alpha + 送るバイト数 x beta`。送るバイト数はオールリデュースでメッセージの `2 (n-1)/n`、リデュース・スキャッターとオールギャザーで `(n-1)/n`、送信ではすべてです。リンクは `link` が選びます | 8章 |
 # | テンソル並列（+ シーケンス並列） | レイアウトが実行するプラン `planner.TP_PLAN` から数えます。ブロックごとに、行並列の層（out、fc2）1つにつき順伝播で 1回、列並列の層（q、k、v、fc1）1つにつき逆伝播で 1回のオールリデュースです。`sp` では、列並列の層が共有する入力ごとと行並列の層ごとに、順伝播と逆伝播でオールギャザーとリデュース・スキャッターを 1回ずつ行います | 10章、11章 |
@@ -620,7 +622,8 @@ assert calls["dp", "reduce_scatter"] == blocks + 1 and calls["pp", "send"] == pi
 # | fsdp 2 x tp 2 x pp 2 | the blocks into 2 stages, each stage as in the row above over 2 x 2 ranks | + `PipelineStage`, 1F1B, chapter 10 |
 # | dp 2 x cp 2 x pp 2 | 2 stages; inside a stage the 16 tokens of an image over 2 ranks (ring attention), and the batch over 2 | `ring_attention`, chapter 11 |
 #
-# `mparlib.layouts` holds the parts: `check_layout` (refuses what cannot run, and says what to change), `build`
+# `mparlib.layouts` holds the parts: `check_layout` and `check_split` (refuse what cannot run, with the planner's
+# own checks against the model and the batch, and say what to change), `build`
 # (splits a model that is the same on every rank; a rank's part is a `LayoutStage`, whose context-parallel ranks
 # add up their tokens for the mean with `SumOverGroup`), `Trainer` (one step on this rank's share of the batch: the
 # pipeline schedule if there is one, `average_gradients` for `zero=0`, the optimizer's step),
@@ -640,7 +643,7 @@ assert calls["dp", "reduce_scatter"] == blocks + 1 and calls["pp", "send"] == pi
 # | fsdp 2 x tp 2 x pp 2 | ブロックを 2つのステージに分け、各ステージを 2 x 2 のランクで上の行と同じように分けます | + `PipelineStage`、1F1B、10章 |
 # | dp 2 x cp 2 x pp 2 | 2つのステージ。ステージの中では画像 1枚の 16トークンを 2つのランクで分け（リングアテンション）、バッチを 2つに分けます | `ring_attention`、11章 |
 #
-# 部品は `mparlib.layouts` にあります。`check_layout`（実行できないレイアウトを拒み、何を変えればよいかを示します）、`build`（どのランクでも同じモデルを分けます。ランクが受け持つ部分は `LayoutStage` で、コンテキスト並列のランクは平均を取るためのトークンの和を `SumOverGroup` で足し合わせます）、`Trainer`（このランクが受け持つバッチでの 1ステップ。パイプラインがあればそのスケジュール、`zero=0` なら `average_gradients` による勾配のオールリデュース、そしてオプティマイザのステップ）、`StepMemory`（9章のメモリの数え方を、数千の演算子でも軽く済むようにしたもの。各演算子のあとに生きているストレージをすべて数え、同じステップをもう 1回実行してピークを内訳に分けます）、`measure_inputs` です。さらにもう 1回、同じステップを 9章の `CollectiveLog` の中で実行し、ランクが行う集合通信をすべて記録します。
+# 部品は `mparlib.layouts` にあります。`check_layout` と `check_split`（実行できないレイアウトを、モデルとバッチに対するプランナー自身の確認も使って拒み、何を変えればよいかを示します）、`build`（どのランクでも同じモデルを分けます。ランクが受け持つ部分は `LayoutStage` で、コンテキスト並列のランクは平均を取るためのトークンの和を `SumOverGroup` で足し合わせます）、`Trainer`（このランクが受け持つバッチでの 1ステップ。パイプラインがあればそのスケジュール、`zero=0` なら `average_gradients` による勾配のオールリデュース、そしてオプティマイザのステップ）、`StepMemory`（9章のメモリの数え方を、数千の演算子でも軽く済むようにしたもの。各演算子のあとに生きているストレージをすべて数え、同じステップをもう 1回実行してピークを内訳に分けます）、`measure_inputs` です。さらにもう 1回、同じステップを 9章の `CollectiveLog` の中で実行し、ランクが行う集合通信をすべて記録します。
 
 # %%
 # %%worker layout_checks
@@ -657,6 +660,7 @@ from mparlib.timing import measure
 def check_layout_on_ranks(config, layout, batches, timed, lr=0.05):
     """One layout: SGD steps for the parity check, then Adam's peak memory, collectives and step time."""
     layout = layouts.check_layout(layout, dist.get_world_size())
+    layouts.check_split(config, layout, len(batches[0][1]))  # the planner's checks, before anything is built
     mesh = layouts.make_mesh(layout)  # (pp, dp, cp, tp)
     torch.manual_seed(0)  # the one-process reference's weights, on every rank
     module, stage = layouts.build(layouts.vit_of(config), layout, mesh)
@@ -853,10 +857,11 @@ print(table([[r["layout"], f"{r['predicted_bytes_per_rank'] / MiB:.2f}", f"{r['m
 print()
 print(tr("MiB at the peak, measured and predicted:", "ピークでの MiB（測定値と予測）:"))
 print(table([[r["layout"]] + [f"{r['measured_parts'][k] / MiB:.2f}" for k in PART]
-             + [f"{r['predicted_parts']['activations'] / MiB:.2f}", f"{r['predicted_parts']['gathered'] / MiB:.2f}"]
+             + [f"{r['predicted_parts'][k] / MiB:.2f}" for k in ("activations", "gathered", "flat_copy")]
              for r in compared["rows"]],
             [("layout", "レイアウト")] + [PART[k] for k in PART]
-            + [("predicted activations", "予測した活性化"), ("gathered blocks", "まとめて持つブロック")]))
+            + [("predicted activations", "予測した活性化"), ("gathered blocks", "まとめて持つブロック"),
+               ("flat copy", "フラットなコピー")]))
 
 fig, axes = plt.subplots(1, 2, figsize=(10, 3.4))
 names = [r["layout"] for r in compared["rows"]]
@@ -880,10 +885,10 @@ print(tr(f"goal 1, memory per rank within {memory_goal['target']:.0%} on every l
          f"{'met' if memory_goal['met'] else 'not met'} (largest error {memory_goal['worst']:.0%})",
          f"目標 1、すべてのレイアウトでランクあたりのメモリの誤差が {memory_goal['target']:.0%} 以内: "
          f"{'達成' if memory_goal['met'] else '未達成'}（最大の誤差 {memory_goal['worst']:.0%}）"))
-print(tr(f"goal 2, the layouts in the measured order of step time: Spearman {order_goal['spearman']:.2f} "
-         f"({'met' if order_goal['met'] else 'not met'})",
-         f"目標 2、ステップ時間の順位が測定と同じ: スピアマンの順位相関 {order_goal['spearman']:.2f}"
-         f"（{'達成' if order_goal['met'] else '未達成'}）"))
+print(tr(f"goal 2, the layouts in the measured order of step time, Spearman at least {order_goal['target']}: "
+         f"{order_goal['spearman']:.2f} ({'met' if order_goal['met'] else 'not met'})",
+         f"目標 2、ステップ時間の順位が測定と同じ、スピアマンの順位相関 {order_goal['target']} 以上: "
+         f"{order_goal['spearman']:.2f}（{'達成' if order_goal['met'] else '未達成'}）"))
 print(tr("measured order:", "測定の順:"), " < ".join(r["layout"] for r in sorted(compared["rows"], key=lambda r: r["measured_ms"])))
 print(tr("planner's order:", "プランナーの順:"), " < ".join(r["layout"] for r in sorted(compared["rows"], key=lambda r: r["predicted_ms"])))
 
@@ -915,46 +920,50 @@ print(tr("parameters and optimizer state per rank: measured = planner (+ Adam's 
 # ### What the numbers show
 #
 # The tables above are this notebook's own run (the `smoke` ViT). `benchmarks/planner.py` runs the same check on a
-# wider ViT (`dim` 128, MLP 512, 16 tokens, global batch 32); its run on the 2 cores this course was written on,
-# `benchmarks/results/planner-vm-20261202-060650.json`, is the one quoted here (load average 2.4 at its start and
-# 6.2 at its end: busy, as every run of 8 processes on 2 cores is). Every layout matched one process to 2e-7 in
-# float32; the planner met neither goal.
+# wider ViT (`dim` 128, MLP 512, 16 tokens, global batch 32) three times and compares the medians; its run on the
+# 2 cores this course was written on, `benchmarks/results/planner-vm-20261208-004344.json`, is the one quoted here.
+# The machine was busy, as every run of 8 processes on 2 cores is: the load average per core reached 1.8, 3.3 and
+# 4.1 at the ends of the three runs, and one rank's matrix product ran at 20.1, 6.0 and 8.2 GFLOP/s. Every layout
+# matched one process to 1e-5 in float32 in every run.
 #
-# - **Memory.** dp 8: predicted 14.26 MiB, measured 15.41 (-7%); dp 2 x cp 2 x pp 2: 8.19 against 7.96 (+3%);
-#   fsdp 2 x tp 2 x pp 2 -9%, fsdp 4 x tp 2 -15%, fsdp 8 -19%. Where nothing is sharded the formulas count what
-#   is there: the weights, the gradients and Adam's moments to the byte (the cell above checks it). For dp 8 the
-#   agreement of the total is partly luck: at its peak the activations are already freed, and the flat buffer of
-#   the gradients' all-reduce (3.06 MiB, which the planner does not count) stands where they were. Under FSDP
-#   the planner adds what chapter 9 found FSDP2 to hold whole (two blocks' parameters, the one computing and the
-#   one prefetched, and one block's gradients before their reduce-scatter), and still comes out under: at the
-#   measured peak of fsdp 8 the part that is neither a shard of the training state nor anything else the planner
-#   names is 5.00 MiB, 0.72 MiB (about one block, 0.76 MiB) more than its activations and gathered blocks together. On gloo the
-#   moment FSDP frees a buffer depends on when an asynchronous collective finishes, so the FSDP peaks also differ
-#   between ranks and between two identical steps; the layouts without FSDP or tensor parallelism repeat to the
-#   byte.
-# - **Step time.** Measured: dp 8 132 ms < dp 2 x cp 2 x pp 2 284 < fsdp 8 508 < fsdp 2 x tp 2 x pp 2 773 <
-#   fsdp 4 x tp 2 813. Predicted: dp 8 94 < fsdp 8 200 < fsdp 4 x tp 2 333 < dp 2 x cp 2 x pp 2 360 <
-#   fsdp 2 x tp 2 x pp 2 472: Spearman 0.5. The two layouts without FSDP are predicted within a factor of 1.4
-#   (94 against 132 ms, 360 against 284); the three with FSDP take 1.6 to 2.5 times what the planner says. For
-#   fsdp 8 it predicts 22 ms of compute and 177 ms of collectives (at 9.4 ms of alpha each); the other 310 ms or so are in
-#   nothing the formulas name: what FSDP2 does besides its collectives (copying shards into and out of the
-#   all-gather buffers, its hooks, many small operators), on 8 processes sharing 2 cores. The order of the three
-#   FSDP layouts changes from run to run here; what every run so far agrees on is dp 8 first, dp 2 x cp 2 x pp 2
-#   second, and the FSDP layouts far slower than predicted.
+# - **Collectives: exact.** In all three runs every rank of every layout ran the collectives `planner.collectives`
+#   counts, call for call, with the bytes within 1%: no mismatch.
+# - **Memory: goal (10%) met on three layouts of five.** dp 8: predicted 15.32 MiB, measured 15.41 (-1%); the
+#   peak falls after the backward pass, when the activations are freed and `average_gradients` holds its flat
+#   copy of the gradients, which the planner now counts (the rest is Adam's step counters and small tensors).
+#   dp 2 x cp 2 x pp 2: 8.19 against 7.96 (+3%); fsdp 2 x tp 2 x pp 2: 5.28 against 5.70 (-7%), counting the
+#   stage's weights and gradients whole, as FSDP2 keeps them inside the pipeline. Without a pipeline FSDP is
+#   under-predicted: fsdp 4 x tp 2 by 14% (5.21 against 6.03) and fsdp 8 by 26% (5.81 against 7.84, the median
+#   of 8.44, 7.52 and 7.84 MiB). A separate run that listed the storages alive at each rank's peak found, on every
+#   rank of fsdp 8, the three whole blocks the planner counts (two blocks' weights, one block's gradients, each a
+#   flat buffer of 0.76 MiB), and beside them the unsharded gradients of one to three more blocks, a different
+#   number on each rank: on gloo they are freed when an asynchronous reduce-scatter lets go of them, so the
+#   largest peak of 8 ranks lies above a count of what the code keeps by design.
+# - **Step time: goal (Spearman 0.8) not met.** Measured: dp 8 97 ms < dp 2 x cp 2 x pp 2 168 < fsdp 8 355 <
+#   fsdp 2 x tp 2 x pp 2 427 < fsdp 4 x tp 2 470. Predicted: dp 8 54 < fsdp 8 114 < fsdp 4 x tp 2 205 <
+#   fsdp 2 x tp 2 x pp 2 267 < dp 2 x cp 2 x pp 2 304: Spearman 0.3. The planner puts dp 2 x cp 2 x pp 2 last,
+#   because it charges each of ring attention's 32 sends per step the alpha of an all-reduce (4.1 ms in this
+#   fit): 150 ms of its 304. The run took 168 ms in all: the ring's sends go out two at a time, K with V, and
+#   overlap the attention's compute (chapter 11), and a message to one neighbour is not an all-reduce; the
+#   planner's link has one alpha for every kind of call. The three FSDP layouts take 1.6 to 3.1 times the
+#   prediction, with every call counted right: the difference is FSDP's own work around its collectives (copying
+#   shards into and out of the flat buffers, its hooks), which the alpha-beta model does not contain.
 #
-# A planner built from the course's formulas is right where the formulas count everything (whole weights, shards
-# of the optimizer state, the ring traffic of one all-reduce per step) and wrong, by the amounts named above, where
-# a library does more than the formula says. On a GPU cluster the same check is the first thing to run: feed the
-# planner inputs measured with every group busy at once, and compare before trusting its ranking.
+# A planner that counts from the code it plans for gets the calls and the bytes right by construction, and the
+# memory right where the code decides what is held. What it cannot get from counting is time on a busy machine:
+# how long each kind of call takes (a send, an all-reduce, FSDP's copies around them) has to be measured kind by
+# kind. On a GPU cluster the same check is the first thing to run: feed the planner inputs measured with every
+# group busy at once, and compare before trusting its ranking.
 # <!-- ja -->
 # ### 数値からわかること
 #
-# 上の表は、このノートブック自身の実行（`smoke` の ViT）です。`benchmarks/planner.py` は同じ確認を、より幅の広い ViT（`dim` 128、MLP 512、16トークン、全体のバッチサイズ 32）で行います。ここで引用するのは、このコースを書いた 2コアのマシンでのその実行、`benchmarks/results/planner-vm-20261202-060650.json` です（ロードアベレージは開始時 2.4、終了時 6.2 で busy です。2コアで 8個のプロセスを動かす実行は、どれもそうなります）。どのレイアウトも float32 で 2e-7 以内で 1個のプロセスと一致し、プランナーはどちらの目標も達成しませんでした。
+# 上の表は、このノートブック自身の実行（`smoke` の ViT）です。`benchmarks/planner.py` は同じ確認を、より幅の広い ViT（`dim` 128、MLP 512、16トークン、全体のバッチサイズ 32）で 3回行い、中央値を比べます。ここで引用するのは、このコースを書いた 2コアのマシンでのその実行、`benchmarks/results/planner-vm-20261208-004344.json` です。2コアで 8個のプロセスを動かす実行はどれもそうですが、マシンは busy でした。コアあたりのロードアベレージは 3回の実行の終わりに 1.8、3.3、4.1 に達し、1ランクの行列積の速さは 20.1、6.0、8.2 GFLOP/s でした。どの実行でも、どのレイアウトも float32 で 1e-5 以内で 1個のプロセスと一致しました。
 #
-# - **メモリ。** dp 8 は予測 14.26 MiB に対して測定 15.41 MiB（-7%）、dp 2 x cp 2 x pp 2 は 8.19 MiB に対して 7.96 MiB（+3%）、fsdp 2 x tp 2 x pp 2 は -9%、fsdp 4 x tp 2 は -15%、fsdp 8 は -19% でした。何もシャーディングしないところでは、式はそこにあるものを数えています。重み、勾配、Adam のモーメントはバイト単位まで一致します（上のセルで確かめています）。dp 8 の合計の一致は、半分は偶然です。ピークの時点では活性化はもう解放されていて、その場所を勾配のオールリデュースに使うフラットなバッファ（3.06 MiB。プランナーは数えません）が占めています。FSDP については、プランナーは 9章で FSDP2 が丸ごと持つとわかったもの（計算中のブロックと先読みした次のブロックの 2つ分のパラメータと、リデュース・スキャッターの前のブロック 1つ分の勾配）を加えていますが、それでも少なく予測します。fsdp 8 の測定したピークでは、訓練状態のシャードでもなく、プランナーが名前を挙げる他のどれでもない部分が 5.00 MiB あり、活性化とまとめて持つブロックを合わせたより 0.72 MiB（ほぼブロック 1つ分の 0.76 MiB）多くなっています。gloo では、FSDP がバッファを解放する時点が非同期の集合通信の終わる時点で決まるので、FSDP のピークはランクの間でも、同じステップを 2回実行した間でも違います。FSDP もテンソル並列も使わないレイアウトは、バイト単位まで同じ値を繰り返します。
-# - **ステップ時間。** 測定: dp 8 132 ms < dp 2 x cp 2 x pp 2 284 < fsdp 8 508 < fsdp 2 x tp 2 x pp 2 773 < fsdp 4 x tp 2 813。予測: dp 8 94 < fsdp 8 200 < fsdp 4 x tp 2 333 < dp 2 x cp 2 x pp 2 360 < fsdp 2 x tp 2 x pp 2 472。スピアマンの順位相関は 0.5 です。FSDP を使わない 2つのレイアウトの予測は 1.4倍以内です（132 ms に対して 94、284 に対して 360）。FSDP を使う 3つは、プランナーの予測の 1.6〜2.5倍かかりました。fsdp 8 についてプランナーは、計算 22 ms と集合通信 177 ms（それぞれ alpha 9.4 ms）を予測します。残りの約 310 ms は、式に名前のないところで使われています。2コアを共有する 8個のプロセスの上で、FSDP2 が集合通信以外に行うこと（シャードをオールギャザーのバッファにコピーし、またコピーし戻すこと、フック、多数の小さな演算子）です。FSDP の 3つのレイアウトの順は、このマシンでは実行のたびに変わります。これまでのどの実行でも一致しているのは、dp 8 が 1番め、dp 2 x cp 2 x pp 2 が 2番めで、FSDP のレイアウトが予測よりはるかに遅いということです。
+# - **集合通信: 正確。** 3回の実行のすべてで、どのレイアウトのどのランクも `planner.collectives` が数えたとおりの集合通信を行いました。回数は一つ残らず等しく、バイト数は 1% 以内で、食い違いはありません。
+# - **メモリ: 目標（10%）を達成したのは 5つのレイアウトのうち 3つ。** dp 8 は予測 15.32 MiB に対して測定 15.41 MiB（-1%）でした。ピークは逆伝播のあと、活性化が解放され、`average_gradients` が勾配のフラットなコピーを持つときに来ます。プランナーはいまではこのコピーを数えます（残りは Adam のステップ数と小さなテンソルです）。dp 2 x cp 2 x pp 2 は 8.19 MiB に対して 7.96 MiB（+3%）、fsdp 2 x tp 2 x pp 2 は 5.28 MiB に対して 5.70 MiB（-7%）です。後者では、FSDP2 がパイプラインの中で持つとおり、ステージの重みと勾配を丸ごと数えています。パイプラインのない FSDP は少なく予測します。fsdp 4 x tp 2 で 14%（5.21 MiB に対して 6.03 MiB）、fsdp 8 で 26%（5.81 MiB に対して 7.84 MiB。8.44、7.52、7.84 MiB の中央値）です。各ランクのピークで生きているストレージを列挙した別の実行では、fsdp 8 のどのランクにも、プランナーが数える 3つの丸ごとのブロック（ブロック 2つ分の重みとブロック 1つ分の勾配。それぞれ 0.76 MiB のフラットなバッファ）があり、その横に、シャーディングしていない勾配がさらにブロック 1〜3個分、ランクごとに違う数だけありました。gloo では、これらは非同期のリデュース・スキャッターが手放した時点で解放されます。そのため、8個のランクの中でいちばん大きなピークは、コードが設計上持つものを数えた値を上回ります。
+# - **ステップ時間: 目標（スピアマンの順位相関 0.8）は未達成。** 測定: dp 8 97 ms < dp 2 x cp 2 x pp 2 168 < fsdp 8 355 < fsdp 2 x tp 2 x pp 2 427 < fsdp 4 x tp 2 470。予測: dp 8 54 < fsdp 8 114 < fsdp 4 x tp 2 205 < fsdp 2 x tp 2 x pp 2 267 < dp 2 x cp 2 x pp 2 304。スピアマンの順位相関は 0.3 です。プランナーは dp 2 x cp 2 x pp 2 を最後に置きます。リングアテンションが 1ステップに行う 32回の送信のそれぞれを、オールリデュースの alpha（この当てはめでは 4.1 ms）で数えるからで、304 ms のうち 150 ms がこれです。実際の実行は全体で 168 ms でした。リングの送信は K と V の 2つずつ同時に出ていき、アテンションの計算と重なります（11章）。しかも、隣の 1つのランクへのメッセージはオールリデュースではありません。プランナーのリンクは、どの種類の呼び出しにも同じ alpha を使います。FSDP の 3つのレイアウトは、呼び出しはすべて正しく数えたうえで、予測の 1.6〜3.1倍かかります。差は集合通信のまわりで FSDP 自身が行う仕事（シャードをフラットなバッファへ出し入れするコピー、フック）で、α-β モデルには含まれていません。
 #
-# コースの式から作ったプランナーは、式がすべてを数えているところ（重み全体、オプティマイザの状態のシャード、1ステップに 1回のオールリデュースのリング通信量）では正しく、ライブラリが式以上のことをするところでは、上の数値が示す分だけ外れます。GPU クラスタでも、最初に行うべきなのはこの確認です。すべてのグループが同時に通信している状態で測った入力をプランナーに与え、その順位を信じる前に測定と比べてください。
+# プランを立てる対象のコードから数えるプランナーは、集合通信の回数とバイト数を作りからして正しく出し、メモリもコードが何を持つかを決めているところでは正しく出します。数えることで得られないのは、混んだマシンの上での時間です。呼び出しの種類ごとの時間（送信、オールリデュース、そのまわりの FSDP のコピー）は、種類ごとに測る必要があります。GPU のクラスタでも、最初に行うべきなのはこれと同じ確認です。すべてのグループが同時に動いている状態で測った入力をプランナーに与え、その順位を信じる前に比べてください。
 
 # %% [markdown]
 # <!-- en -->
@@ -1012,6 +1021,9 @@ assert all(r.fits == (r.memory.total <= 80e9) for rows in dense.values() for r i
 assert all(first.layout.tp <= h100.devices_per_node for first in firsts.values())  # tp stays inside a server
 plain = next(r for r in dense["llama3-8b", 64] if r.layout == planner.Layout(dp=64, zero=1, micro_batches=32))
 assert not plain.fits and firsts["llama3-8b", 64].layout.pp == 2  # plain ZeRO-1 misses 80 GB; pp 2 fits
+staged = next(r for r in dense["llama3-8b", 64] if r.layout == planner.Layout(dp=32, zero=1, pp=2, micro_batches=64))
+assert abs(staged.memory.parameters / plain.memory.parameters - 0.5) < 1e-3  # two stages halve the weights ...
+assert 0.85 < staged.memory.activations / plain.memory.activations < 0.9  # ... not the activations: 44 of 50 GB
 assert [firsts["llama3-70b", w].layout.tp for w in (64, 512, 8192)] == [4, 4, 8]
 assert firsts["llama3-70b", 8192].layout.pp == 1 and firsts["llama3-70b", 64].layout.pp > 1
 
@@ -1019,11 +1031,14 @@ assert firsts["llama3-70b", 8192].layout.pp == 1 and firsts["llama3-70b", 64].la
 # <!-- en -->
 # What the planner's choices say:
 #
-# - **Memory first.** Llama 3 8B on 64 GPUs with plain ZeRO-1 data parallelism needs a little more than 80 GB
-#   per rank (the 16 bytes per parameter replicated but for the optimizer share, plus the activations of 32 blocks
-#   and the output scores of a 128,256-word vocabulary); two pipeline stages halve both the weights and the
-#   activations per rank and cost a bubble of one or two percent with 64 micro-batches, less than recomputing
-#   (a third more compute) or ZeRO-3 (the weights gathered for each micro-batch).
+# - **Memory first.** Llama 3 8B on 64 GPUs with plain ZeRO-1 data parallelism needs 84 GB per rank: 32 GB of
+#   16-bit weights and gradients, 1.5 GB of optimizer shard and 50 GB of activations (one sequence through 32
+#   blocks, and the output scores of a 128,256-word vocabulary). Two pipeline stages halve the weights and
+#   gradients per rank, but not the activations: under 1F1B the first stage holds 2 micro-batches of 16 blocks,
+#   as many as one sequence through all 32, and sheds only the output scores, which sit on the last stage (44 GB
+#   against 50; interleaved with two stages per rank it holds more, 55 GB). That fits, at a bubble of 1.5% (0.8%
+#   interleaved) with 64 micro-batches, less than recomputing (a third more compute) or ZeRO-3 (the weights
+#   gathered for each micro-batch) would cost.
 # - **The least tensor parallelism that fits.** Tensor parallelism's traffic per rank grows with `t`
 #   (`2 (t-1)/t` of each activation, and each rank runs `t` times more blocks' worth of tokens than with a pipeline
 #   of the same size), so 70B on 64 and 512 GPUs uses `tp 4` with a pipeline rather than `tp 8`.
@@ -1041,7 +1056,7 @@ assert firsts["llama3-70b", 8192].layout.pp == 1 and firsts["llama3-70b", 64].la
 # <!-- ja -->
 # プランナーの選択からわかること:
 #
-# - **まずメモリ。** Llama 3 8B を 64枚の GPU で ZeRO-1 のデータ並列だけで訓練すると、ランクあたり 80 GB を少し超えます（パラメータあたり 16バイトのうちオプティマイザの分以外は複製され、そこに 32個のブロックの活性化と、128,256語の語彙の出力スコアが加わります）。パイプラインを 2ステージにすると、ランクあたりの重みと活性化がどちらも半分になり、マイクロバッチが 64個あればバブルは 1〜2% です。これは再計算（計算が 3分の 1 増えます）や ZeRO-3（マイクロバッチごとに重みを集めます）より安く済みます。
+# - **まずメモリ。** Llama 3 8B を 64枚の GPU で ZeRO-1 のデータ並列だけで訓練すると、ランクあたり 84 GB 必要です。16ビットの重みと勾配で 32 GB、オプティマイザの状態のシャードで 1.5 GB、活性化で 50 GB です（1本の系列が 32個のブロックを通る分と、128,256語の語彙の出力スコア）。パイプラインを 2ステージにすると、ランクあたりの重みと勾配は半分になりますが、活性化は半分になりません。1F1B では最初のステージが 16個のブロックのマイクロバッチを 2つ持ち、これは 1本の系列が 32個のブロックすべてを通る分と同じです。減るのは、最後のステージに置かれる出力スコアだけです（50 GB に対して 44 GB。ランクあたり 2ステージのインターリーブではもっと多く、55 GB です）。これで収まり、マイクロバッチが 64個あればバブルは 1.5%（インターリーブでは 0.8%）です。再計算（計算が 3分の 1 増えます）や ZeRO-3（マイクロバッチごとに重みを集めます）より安く済みます。
 # - **収まる範囲でいちばん小さいテンソル並列。** テンソル並列のランクあたりの通信量は `t` とともに増えます（活性化ごとにその `2 (t-1)/t`。さらに、同じ大きさのパイプラインと比べて、各ランクは `t` 倍のブロック分のトークンを処理します）。そのため 70B を 64枚と 512枚の GPU で訓練するときは、`tp 8` ではなく `tp 4` とパイプラインを組み合わせます。
 # - **データ並列はバッチで制限されます。** 8,192枚の GPU では、系列 2,048本のバッチは、`tp 4` だけならレプリカあたり 1本、`tp 4` と 2ステージでも 2本にしかなりません。パイプラインを埋めるにはマイクロバッチが足りません（`m = 2` では、インターリーブしてもバブル `(p-1)/(v m + p - 1)` がステップの 5分の 1 になります）。そこでプランナーはパイプラインなしの `tp 8` を選び、GPU あたりのモデルの FLOP/s は下がります（GPU が少ない場合の 350〜390 に対して約 270〜280）。同じバッチを多くの GPU で分けると、GPU ごとの仕事が減り、通信を隠す余地が小さくなるからです。
 # - **テンソル並列はサーバーの中に置きます。** `tp 8` は NVLink の上で使い、50 GB/s のリンクをまたぐことはありません。
@@ -1072,14 +1087,19 @@ for world, rows in moe.items():
 # heads, MLP 53248, vocabulary 128,256) was trained with a global batch of 16M tokens in sequences of 8,192 on
 # servers of 8 H100s connected by NVLink inside and 400 Gb/s between them, with these layouts and per-GPU rates
 # (*The Llama 3 Herd of Models*, 2024): on 8,192 GPUs TP 8, CP 1, PP 16 at 430 TFLOP/s; on 16,384 GPUs TP 8, CP 1,
-# PP 16 at 400; for long context (131,072 tokens) TP 8, CP 16, PP 16 at 380. For each, the planner's rank of that
+# PP 16 at 400; for long context (131,072 tokens) TP 8, CP 16, PP 16 at 380. The paper also describes FSDP's
+# sharding of the optimizer state and the gradients (the weights are not resharded after the forward pass),
+# context parallelism that all-gathers K and V rather than passing them round a ring, and an interleaved schedule
+# of its own. The planner's version of these layouts adds its own choices where the paper differs or says nothing,
+# and the cell prints them apart: sequence parallelism, interleaved 1F1B with two stages per rank, ZeRO-1, full
+# recomputation, ring attention (the same bytes as an all-gather in more calls). For each, the planner's rank of that
 # layout among those that fit, its memory, the model FLOP/s it predicts, and the planner's own first choice. Two
 # clusters: `Cluster.h100()`, compute at the 400 TFLOP/s Llama 3 reached, and the same with the data sheet's
 # 989 TFLOP/s.
 # <!-- ja -->
 # どちらの規模でも、第 1候補はエキスパート並列 4 と `tp 2` を 1台のサーバーの中に置きます。エキスパート並列は、重みのいちばん大きな部分を、パイプラインのバブルもテンソル並列のオールリデュースもなしに 4で割ります。オールツーオールで運ぶのは各トークンの幅 4096 の行 2本だけで、NVLink の上では計算時間の 20分の 1 に届きません。これを有利に見せている仮定もあります。プランナーはトークンがエキスパートに均等に分かれると仮定しています（11章では、ルーターの割り振りがどれほど偏りうるかを測りました。いっぱいになったエキスパートはトークンを落とすか、待たせます）。
 #
-# 次は、確かめる相手になる実際の訓練です。Llama 3 405B（126層、幅 16384、128個のヘッドと 8個のキー・バリューのヘッド、MLP 53248、語彙 128,256）は、全体のバッチサイズ 16M トークン、系列の長さ 8,192 で、中を NVLink で、サーバー間を 400 Gb/s でつないだ 8枚の H100 のサーバーで訓練されました。レイアウトと GPU あたりの速さは次のとおりです（『The Llama 3 Herd of Models』、2024年）。8,192枚の GPU で TP 8、CP 1、PP 16、430 TFLOP/s。16,384枚の GPU で TP 8、CP 1、PP 16、400 TFLOP/s。長いコンテキスト（131,072トークン）では TP 8、CP 16、PP 16、380 TFLOP/s。それぞれについて、収まるレイアウトの中でのそのレイアウトの順位、メモリ、予測したモデルの FLOP/s、プランナー自身の第 1候補を示します。クラスタは 2つです。Llama 3 が得た 400 TFLOP/s で計算を数える `Cluster.h100()` と、データシートの 989 TFLOP/s で数えるものです。
+# 次は、確かめる相手になる実際の訓練です。Llama 3 405B（126層、幅 16384、128個のヘッドと 8個のキー・バリューのヘッド、MLP 53248、語彙 128,256）は、全体のバッチサイズ 16M トークン、系列の長さ 8,192 で、中を NVLink で、サーバー間を 400 Gb/s でつないだ 8枚の H100 のサーバーで訓練されました。レイアウトと GPU あたりの速さは次のとおりです（『The Llama 3 Herd of Models』、2024年）。8,192枚の GPU で TP 8、CP 1、PP 16、430 TFLOP/s。16,384枚の GPU で TP 8、CP 1、PP 16、400 TFLOP/s。長いコンテキスト（131,072トークン）では TP 8、CP 16、PP 16、380 TFLOP/s。論文はさらに、オプティマイザの状態と勾配の FSDP によるシャーディング（重みは順伝播のあと再シャーディングしません）、K と V をリングで回すのではなくオールギャザーするコンテキスト並列、そして独自のインターリーブのスケジュールを述べています。プランナーが組み立てるこれらのレイアウトには、論文と違うところや論文が何も言っていないところで、プランナー自身の選択が入ります。セルはそれを分けて表示します。シーケンス並列、ランクあたり 2ステージのインターリーブ 1F1B、ZeRO-1、すべての再計算、リングアテンション（オールギャザーと同じバイト数を、より多くの呼び出しで送ります）です。それぞれについて、収まるレイアウトの中でのそのレイアウトの順位、メモリ、予測したモデルの FLOP/s、プランナー自身の第 1候補を示します。クラスタは 2つです。Llama 3 が得た 400 TFLOP/s で計算を数える `Cluster.h100()` と、データシートの 989 TFLOP/s で数えるものです。
 
 # %%
 peak = planner.Cluster.h100(flops_per_s=989e12)
@@ -1102,14 +1122,17 @@ for world, seq, batch, cp, rate in PUBLISHED:
                         f"{tflops(model, fits[0], world, batch):.0f}"])
 print(table(rows405, [("GPUs", "GPU の数"), ("tokens", "トークン"), ("published", "公表値"), "FLOP/s", ("rank", "順位"), "GB",
                       "TFLOP/s", ("planner's first", "プランナーの第 1候補"), "TFLOP/s"], align=">>>>>>><>"))
-print(tr("the published layouts:", "公表されたレイアウト:"))
+print(tr("published: TP 8, PP 16, CP 1 (16 for 131,072 tokens), the rest data parallel",
+         "公表されたもの: TP 8、PP 16、CP 1（131,072トークンでは 16）、残りはデータ並列"))
+print(tr("as the planner builds them (sp, i1F1B x2, ZeRO-1 and rc are its own assumptions):",
+         "プランナーが組み立てたもの（sp、i1F1B x2、ZeRO-1、rc はプランナー自身の仮定）:"))
 for label in sorted({r[0].layout.label() for r in llama405.values()}):
     print("  " + label)
 
 # %%
 for (world, seq, rate), (mine, bare, fits, predicted) in llama405.items():
     assert mine.fits and not bare.fits  # the planner needs recomputation to fit these layouts in 80 GB
-    assert fits.index(mine) < 5 and mine.layout.recompute
+    assert fits.index(mine) < 4 and mine.layout.recompute
     if rate == 400e12:
         assert predicted < 400  # compute alone is charged at 400: every other part only adds time
 at_peak = {(w, s): v[3] for (w, s, r), v in llama405.items() if r == 989e12}
@@ -1125,7 +1148,7 @@ assert round(scores, 2) == 0.57
 # <!-- en -->
 # Where the planner agrees with the published runs:
 #
-# - Each published layout is among the planner's first five of 15 to 28 that fit, and with compute at the data
+# - Each published layout is among the planner's first four of 13 to 20 that fit, and with compute at the data
 #   sheet's rate the two 8K-token layouts are its first choice: tensor parallelism over the 8 GPUs of a server,
 #   a 16-stage pipeline, the rest data parallel. Above them it ranks layouts with fewer stages and more data
 #   parallelism, by one or two percent for the 8K runs, well inside what a model of this kind can tell apart (for
@@ -1163,7 +1186,7 @@ assert round(scores, 2) == 0.57
 # <!-- ja -->
 # プランナーが公表された訓練と一致する点:
 #
-# - 公表されたレイアウトはどれも、収まる 15〜28個のレイアウトの中でプランナーの上位 5つに入ります。データシートの速さで計算を数えると、8K トークンの 2つのレイアウトはプランナーの第 1候補です。サーバーの 8枚の GPU でテンソル並列、16ステージのパイプライン、残りはデータ並列という組み合わせです。これより上に並ぶのはステージを減らしてデータ並列を増やしたレイアウトで、8K の訓練では差は 1〜2% です。この種のモデルが区別できる範囲をはるかに下回ります（400 TFLOP/s で数えた長いコンテキストでは 8% です。下のバブルの項を見てください）。
+# - 公表されたレイアウトはどれも、収まる 13〜20個のレイアウトの中でプランナーの上位 4つに入ります。データシートの速さで計算を数えると、8K トークンの 2つのレイアウトはプランナーの第 1候補です。サーバーの 8枚の GPU でテンソル並列、16ステージのパイプライン、残りはデータ並列という組み合わせです。これより上に並ぶのはステージを減らしてデータ並列を増やしたレイアウトで、8K の訓練では差は 1〜2% です。この種のモデルが区別できる範囲をはるかに下回ります（400 TFLOP/s で数えた長いコンテキストでは 8% です。下のバブルの項を見てください）。
 # - 同じバッチを多くの GPU で分けると、GPU あたりの速さは下がります。公表値（430 と 400）と同じく、8,192枚のほうが 16,384枚より GPU あたりの FLOP/s が高くなります。レプリカあたりの系列が 32本から 16本に減り、バブルの割合が大きくなるからです。
 # - 長いコンテキストにはコンテキスト並列が必要です。131,072トークンの系列 128本のステップでは、系列を分けなければ 16,384枚の GPU に仕事を行き渡らせることさえできません（`tp 8` と `pp 16` で、系列 1本ずつのレプリカが 128個になり、パイプラインにはステージの数以上のマイクロバッチが必要です）。`cp` なしでは、グリッドに有効なレイアウトが 1つもありません。
 #
@@ -1284,10 +1307,12 @@ assert where == ["127.0.0.1"], where
 # - On 8 processes of this machine five layouts (dp 8; fsdp 8; fsdp 4 x tp 2; fsdp 2 x tp 2 x pp 2;
 #   dp 2 x cp 2 x pp 2) train exactly like one process, and every rank runs exactly the collectives
 #   `planner.collectives` counts from the plan the layouts execute (`TP_PLAN`, FSDP's units, the pipeline's sends):
-#   the same calls of each kind, the same bytes to 1%. The planner counts the training state of the layouts
-#   without FSDP to the byte; it predicts FSDP's memory too low and its steps far too short, and its order of the
-#   five steps is not the measured one: neither goal is met, and the chapter says by how much.
-# - On paper, with published H100 figures, the planner ranks Llama 3 405B's published layouts among its first five
+#   the same calls of each kind, the same bytes to 1%. Memory per rank is within 10% where the code decides what
+#   is held (dp 8 -1%, dp 2 x cp 2 x pp 2 +3%, fsdp 2 x tp 2 x pp 2 -7%) and too low for FSDP without a pipeline
+#   (-14%, -26%), whose largest peak depends on when gloo frees gradients; the order of the step times is not the
+#   measured one (Spearman 0.3 against a goal of 0.8): one alpha for every kind of call, and no term for FSDP's own
+#   work.
+# - On paper, with published H100 figures, the planner ranks Llama 3 405B's published layouts among its first four
 #   of those that fit; they fit only with activations recomputed; it gets the 8,192- and 16,384-GPU rates in the
 #   right order and the 128K-token run wrong, because it counts attention's `s x s` products at full speed.
 # - To choose a layout for a cluster of your own: measure its FLOP/s and links with every group busy, fit memory
@@ -1300,8 +1325,8 @@ assert where == ["127.0.0.1"], where
 # - **インターリーブ**では、`p` 個のランクのそれぞれが、`v` 分の 1 の大きさのステージを `v` 個持ちます。満ちるまでと空になるまでが `(p - 1) / v` パスに縮み、バブルは `(p - 1) / (v m + p - 1)` です。**ゼロバブル**は、ステージの逆伝播を、前のステージが待っている入力の勾配 I と、誰も待っていない重みの勾配 W に分け、ランクが遊ぶはずの場所で W を実行します。V 字の配置（ランク `r` がステージ `r` と `2p - 1 - r` を持つ）でパスの時間が等しければ `(p - 1) / (6 m + p - 1)` です。インターリーブ 1F1B、ZBV、DualPipeV は、2個と 4個のプロセスで 1個のプロセスと同じ勾配を出し（float64）、`simulate_schedule` は torch 自身のパスの順序を再現します。
 # - その代わりに、メモリと仕事の細かさで払います。`m = 8` でランクが同時に持つ活性化の最大は、1F1B に対してインターリーブで 1.5倍（2ランク）〜1.83倍（4ランク）、ZBV で 1.2倍と 1.33倍、DualPipeV で 1.5倍です。また、ランクはマイクロバッチごとに、1F1B の 2回に対して、インターリーブ（v = 2）では 4回、ZBV では 6回のパスを実行します。CPU 上のプロセスではパスとパスの間の時間がパスと同じくらいか、それより長いので、測ったバブルはどの式よりもずっと大きくなります。ここに記録したどの実行でも、インターリーブ 1F1B のバブルは 1F1B より大きく、式の大小の順とは逆でした。ZBV のバブルは 1F1B との差が上下とも 0.09 以内でした。
 # - `mparlib.planner` は、モデルの形状、全体のバッチサイズ、クラスタから、レイアウトのランクあたりのメモリと 1ステップの時間を予測します。使うのはこれまでの章の式です。9章のパラメータあたりのバイト数と ZeRO のステージ（FSDP がまとめて持つブロックも加えます）、このコースのブロックが保存するとおりに数えた活性化（コースの ViT では正確で、Korthikanti らの仮定のもとでは `34 + 5 a s / h` になります）、8章のリング通信量付きの α-β モデル、10章のバブル、11章の集合通信です。
-# - このマシンの 8個のプロセスで、5つのレイアウト（dp 8、fsdp 8、fsdp 4 x tp 2、fsdp 2 x tp 2 x pp 2、dp 2 x cp 2 x pp 2）は 1個のプロセスとまったく同じように訓練されます。どのランクも、レイアウトが実行するプラン（`TP_PLAN`、FSDP のユニット、パイプラインの送信）から `planner.collectives` が数えたとおりの集合通信を行います。種類ごとの回数は同じで、バイト数は 1% 以内で一致します。プランナーは、FSDP を使わないレイアウトの訓練状態をバイト単位まで正しく数えます。FSDP のメモリは少なく、そのステップはずっと短く予測し、5つのステップの順も測定とは違います。どちらの目標も達成できず、この章はその差を示しています。
-# - 公表された H100 の数値を使った机上検討では、プランナーは Llama 3 405B の公表されたレイアウトを、収まるものの上位 5つの中に並べます。それらが収まるのは活性化を再計算する場合だけです。8,192枚と 16,384枚の GPU での速さの順は正しく、128K トークンの訓練は外します。アテンションの `s x s` の積を全速で数えるからです。
+# - このマシンの 8個のプロセスで、5つのレイアウト（dp 8、fsdp 8、fsdp 4 x tp 2、fsdp 2 x tp 2 x pp 2、dp 2 x cp 2 x pp 2）は 1個のプロセスとまったく同じように訓練されます。どのランクも、レイアウトが実行するプラン（`TP_PLAN`、FSDP のユニット、パイプラインの送信）から `planner.collectives` が数えたとおりの集合通信を行います。種類ごとの回数は同じで、バイト数は 1% 以内で一致します。ランクあたりのメモリは、何を持つかをコードが決めているところでは 10% 以内です（dp 8 は -1%、dp 2 x cp 2 x pp 2 は +3%、fsdp 2 x tp 2 x pp 2 は -7%）。パイプラインのない FSDP では少なく予測します（-14%、-26%）。そのいちばん大きなピークは、gloo が勾配を解放する時点で決まります。ステップ時間の順は測定とは違います（スピアマンの順位相関 0.3、目標は 0.8）。どの種類の呼び出しにも同じ alpha を使い、FSDP 自身の仕事を表す項がないからです。
+# - 公表された H100 の数値を使った机上検討では、プランナーは Llama 3 405B の公表されたレイアウトを、収まるものの上位 4つの中に並べます。それらが収まるのは活性化を再計算する場合だけです。8,192枚と 16,384枚の GPU での速さの順は正しく、128K トークンの訓練は外します。アテンションの `s x s` の積を全速で数えるからです。
 # - 自分のクラスタでレイアウトを選ぶには、すべてのグループが同時に動いている状態で FLOP/s とリンクを測り、まずメモリに収め、テンソル並列はノードの中に置き、ノードをまたぐところには十分なマイクロバッチを持つパイプラインを、系列やエキスパートが必要とするところにはコンテキスト並列とエキスパート並列を加え、残りをデータ並列にしてから、プランナーで順位をつけ、上位のいくつかを測ります。
 
 # %% [markdown]
