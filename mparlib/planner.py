@@ -23,6 +23,7 @@ from .sharding import PRECISIONS, bytes_per_parameter, zero_bytes_per_rank
 NORMS = ("layernorm", "rmsnorm")
 ATTENTION = ("flash", "scores")  # "flash": a fused kernel keeps no s x s scores; "scores": softmax output kept
 OPTIMIZERS = ("adam", "sgd")
+RECOMPUTE = (False, True, "selective")  # none, the whole block, the attention's scores only
 # The tensor-parallel plan of a block (chapter 10): how each linear layer is split. mparlib.layouts builds DTensor's
 # ColwiseParallel / RowwiseParallel from it (layouts.block_plan), and collectives() counts their collectives from it.
 TP_PLAN = {"attn.q": "colwise", "attn.k": "colwise", "attn.v": "colwise", "attn.out": "rowwise",
@@ -315,7 +316,9 @@ class Layout:
     context parallelism (ring attention); ``ep`` expert parallelism (its ranks also hold different samples, so
     for every weight outside the experts they are data-parallel ranks too, as in DeepSpeed-MoE and Megatron);
     ``pp`` pipeline stages under ``schedule`` (``bubble_formula``'s names) with ``micro_batches`` per step and
-    ``stages_per_rank``; ``recompute`` keeps only each block's input and runs its forward again in the backward.
+    ``stages_per_rank``; ``recompute``: ``True`` keeps only each block's input and runs its forward again in the
+    backward pass, ``"selective"`` recomputes only the attention's scores (Korthikanti et al., 2022: the ``s x s``
+    softmax and dropout tensors are dropped, everything else is kept).
     """
 
     dp: int = 1
@@ -328,14 +331,15 @@ class Layout:
     schedule: str = "1f1b"
     micro_batches: int = 1
     stages_per_rank: int = 1
-    recompute: bool = False
+    recompute: bool | str = False
 
     def __post_init__(self):
         for field in ("dp", "tp", "cp", "ep", "pp", "micro_batches", "stages_per_rank"):
             positive_int(getattr(self, field), field, 2, "Layout")
         int_in(self.zero, "zero", 0, 3, 1, "Layout")
         flag(self.sp, "sp", "Layout")
-        flag(self.recompute, "recompute", "Layout")
+        if not any(self.recompute is c or self.recompute == c == "selective" for c in RECOMPUTE):
+            one_of(repr(self.recompute), "recompute", RECOMPUTE, "Layout")  # 1, "full", ...: refused by name
         one_of(self.schedule, "schedule", BUBBLE_SCHEDULES, "Layout")
         bubble_formula(self.pp, self.micro_batches, schedule=self.schedule, stages_per_rank=self.stages_per_rank)
         if self.sp and self.tp == 1:
@@ -362,7 +366,7 @@ class Layout:
                          + (f" x{self.stages_per_rank}" if self.schedule == "interleaved1f1b" else ""))
         if self.dp * self.cp * self.ep > 1:
             parts.append(f"ZeRO-{self.zero}" if self.zero else "DDP")
-        return " ".join(parts + (["rc"] if self.recompute else [])) or "1 rank"
+        return " ".join(parts + ({True: ["rc"], "selective": ["rc-attn"]}.get(self.recompute, []))) or "1 rank"
 
     def world(self):
         """The number of ranks: ``dp x tp x cp x ep x pp``."""
@@ -542,8 +546,9 @@ def memory_per_rank(model, layout, global_batch, precision="fp32", optimizer="ad
     ``PRECISIONS``) on this rank's share of the weights (:func:`local_parameters`), sharded over the ranks that hold
     the same weights (``layout.data_ranks()``). Activations: :func:`activation_bytes_per_layer` for each token of a
     micro-batch on this rank (``seq / cp`` of each sample), for each block of its stage, for the micro-batches in
-    flight (:func:`in_flight`); with ``recompute``, only each block's input, plus one block in full (``regather``:
-    as :func:`activation_bytes_per_layer`). When it also holds the last stage it adds the output scores of one
+    flight (:func:`in_flight`); with ``recompute="selective"``, without the attention's ``s x s`` tensors (what a
+    fused kernel keeps: one log-sum-exp per head and token); with ``recompute=True``, only each block's input, plus
+    one block in full (``regather``: as :func:`activation_bytes_per_layer`). When it also holds the last stage it adds the output scores of one
     micro-batch with their float32 copy for the loss (``tokens x outputs / tp x (e + 4)``).
 
     Under ZeRO-3 (FSDP) without a pipeline, ``gathered`` adds what chapter 09 measured FSDP2 to hold whole at a
@@ -567,9 +572,12 @@ def memory_per_rank(model, layout, global_batch, precision="fp32", optimizer="ad
             parts = {k: parts[k] + held[k] for k in parts}
     e = bytes_per_parameter(precision, optimizer)["params"]  # activations in the compute precision
     per_token = activation_bytes_per_layer(model, e, tp=layout.tp, sp=layout.sp, regather=regather)
+    if layout.recompute == "selective":  # the scores are not kept: what a fused kernel keeps instead
+        per_token = activation_bytes_per_layer(replace(model, attention="flash"), e, tp=layout.tp, sp=layout.sp,
+                                               regather=regather)
     tokens = micro * model.seq / layout.cp
     layers = layout.stage_layers(model)
-    if layout.recompute:
+    if layout.recompute is True:
         kept = e * model.dim / (layout.tp if layout.sp else 1)
         activations = tokens * (kept * layers * in_flight(layout) + per_token)
     else:
@@ -729,7 +737,7 @@ def _model_parallel_collectives(add, model, layout, micro, e, rank):
     span)``."""
     t, c, x, p, m = layout.tp, layout.cp, layout.ep, layout.pp, layout.micro_batches
     stages = layout.stages_of(rank)
-    forwards = 2 if layout.recompute else 1
+    forwards = 2 if layout.recompute is True else 1  # a recomputed block runs its collectives again
     tokens = micro * model.seq / c  # tokens of one micro-batch on this rank
     act = tokens * model.dim * e  # bytes of a (tokens, dim) activation
     runs = layout.stage_layers(model) * m
@@ -803,7 +811,8 @@ def step_time(model, layout, global_batch, cluster, precision="fp32", overlap=0.
     """Predicted seconds of one step of ``layout``: a :class:`StepTime`. Explained in 12_planning.
 
     Compute: ``flops_per_sample x global_batch`` shared by all ranks at ``cluster.flops_per_s`` (4/3 of it with
-    ``recompute``). Communication: each of :func:`collectives` priced by chapter 08's alpha-beta model
+    ``recompute=True``; ``"selective"`` adds the forward of ``Q K^T`` and ``A V`` again, ``4 s^2 d`` per sample and
+    block, when the model keeps scores, and nothing with a fused kernel, whose backward recomputes them anyway). Communication: each of :func:`collectives` priced by chapter 08's alpha-beta model
     (:meth:`Collective.seconds`) on the link its group needs (:func:`link`), for the pipeline rank whose
     collectives take longest (the first, a middle or the last stage). The bubble: chapter 10's ``bubble_formula``
     share ``b`` of a step whose busy part is compute plus tp, cp, ep and pp communication, so ``busy x b /
@@ -818,7 +827,9 @@ def step_time(model, layout, global_batch, cluster, precision="fp32", overlap=0.
         _refuse(f"step_time: overlap={overlap} is a share of the data-parallel time; use 0 to 1.",
                 f"step_time: overlap={overlap} はデータ並列の時間のうち隠れる割合です。0 から 1 にしてください。")
     layout.check(model, global_batch)
-    flops = model.flops_per_sample() * global_batch * (4 / 3 if layout.recompute else 1)
+    flops = model.flops_per_sample() * global_batch * (4 / 3 if layout.recompute is True else 1)
+    if layout.recompute == "selective" and model.attention == "scores":  # Q K^T and A V once more, forward
+        flops += model.layers * 4 * model.seq * model.dim * model.seq * global_batch
     compute = flops / (layout.world() * cluster.flops_per_s)
     share = bubble_formula(layout.pp, layout.micro_batches, schedule=layout.schedule,
                            stages_per_rank=layout.stages_per_rank)

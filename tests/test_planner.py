@@ -419,3 +419,25 @@ def test_the_data_parallel_step_adds_what_its_code_holds():
     # inside torch's pipelining FSDP2 keeps the stage's weights and its accumulated gradients whole
     assert (fsdp.parameters, fsdp.gradients, fsdp.gathered) == (4 * local / 2, 4 * local, 4 * local)
     assert fsdp.optimizer == 8 * local / 2 and fsdp.flat_copy == 0
+
+
+def test_selective_recomputation_drops_the_scores_and_recomputes_them():
+    # the math kernel's scores, kept: a s (e + 1 + e) bytes per token with dropout; selective recomputation drops them
+    model = planner.ModelShape(layers=2, dim=8, heads=2, hidden=32, seq=16, vocab=16, attention="scores",
+                               dropout=True)
+    none, sel = (planner.memory_per_rank(model, planner.Layout(recompute=r), 4) for r in (False, "selective"))
+    flash = planner.activation_bytes_per_layer(planner.ModelShape(**{**model.__dict__, "attention": "flash"}), 4)
+    scores = planner.activation_bytes_per_layer(model, 4)
+    assert scores - flash == 2 * 16 * (4 + 1 + 4) - 4 * 2  # a s (e + 1 + e), less the fused kernel's a lse values
+    assert none.activations - sel.activations == 4 * 16 * 2 * (scores - flash)  # 4 samples x 16 tokens x 2 blocks
+    c = planner.Cluster(8, 1e10, 1e10, 0.0, 0.0, 0.0, 0.0)
+    extra = planner.step_time(model, planner.Layout(recompute="selective"), 4, c).compute \
+        - planner.step_time(model, planner.Layout(), 4, c).compute
+    assert extra == pytest.approx(2 * 4 * 16 * 8 * 16 * 4 / 1e10)  # 2 blocks x 4 s d x s per sample, 4 samples
+    fused = planner.ModelShape(layers=2, dim=8, heads=2, hidden=32, seq=16, vocab=16)  # a fused kernel: no change
+    assert planner.memory_per_rank(fused, planner.Layout(recompute="selective"), 4) == \
+        planner.memory_per_rank(fused, planner.Layout(), 4)
+    assert planner.Layout(recompute="selective").label() == "rc-attn" and planner.Layout(recompute=True).label() == "rc"
+    for bad in (1, "full", None):
+        with pytest.raises(ConfigError, match="recompute"):
+            planner.Layout(recompute=bad)

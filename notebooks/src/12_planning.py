@@ -441,7 +441,7 @@ assert small.parameters() == counted
 #
 # - 2つの LayerNorm の入力と出力（`4 d` 個の値）と、それぞれの平均と標準偏差の逆数（float32）
 # - クエリ、キー、バリュー（`3 d`）と、アテンションの出力（`d`）。アテンションの出力は出力の射影の入力でもあります。CPU のアテンションのカーネルは入力と同じトークン優先の配置で出力を書くので、ヘッドを横に並べ直す reshape はコピーではなくビューになります。
-# - 融合した（flash）アテンションのカーネルは、math のカーネルが保存する `a s` 個の softmax の重みの代わりに、ヘッドとトークンごとに log-sum-exp を 1つ（`a` 個の値）保存します。PyTorch は CPU でこの融合したカーネルを使います（逆伝播の関数は `ScaledDotProductFlashAttentionForCpuBackward0` です）。
+# - 融合した（flash）アテンションのカーネルは、math のカーネルが保存する `a s` 個の softmax の重みの代わりに、ヘッドとトークンごとに log-sum-exp を 1つ（`a` 個の値）保存します。PyTorch は CPU でこの融合カーネルを使います（逆伝播の関数は `ScaledDotProductFlashAttentionForCpuBackward0` です）。
 # - MLP の中間の活性化の GELU の前と後（`2 f`）
 #
 # 次のセルは、ブロックの順伝播の間に autograd が保存するストレージをすべて数え（保存済みテンソルのフックを使い、重みは除きます）、式と並べます。
@@ -1144,6 +1144,32 @@ d, s = long.dim, long.seq
 scores = 4 * s * d / (4 * s * d + 2 * (2 * d * d + 2 * d * long.kv_dim) + 2 * 3 * d * long.hidden)
 assert round(scores, 2) == 0.57
 
+# %%
+theirs = llama405[8192, 8192, peak.flops_per_s][0].layout  # the 8,192-GPU layout, 8K tokens
+RECOMPUTE_NAMES = {False: ("none", "なし"), "selective": ("selective", "選択的"), True: ("full", "すべて")}
+KEPT = {"scores": ("softmax weights (math kernel)", "softmax の重み（math カーネル）"),
+        "flash": ("log-sum-exp (fused kernel)", "log-sum-exp（融合カーネル）")}
+recompute_rows, recompute_gb = [], {}
+for attention in ("scores", "flash"):
+    shape = replace(planner.ModelShape.published("llama3-405b"), attention=attention)
+    for how, label in RECOMPUTE_NAMES.items():
+        layout = replace(theirs, recompute=how)
+        memory = planner.memory_per_rank(shape, layout, BATCH, "mixed", regather=True).total
+        seconds = planner.step_time(shape, layout, BATCH, peak, "mixed").total
+        recompute_gb[attention, how] = memory / 1e9
+        recompute_rows.append([KEPT[attention], label, f"{memory / 1e9:,.0f}",
+                               f"{shape.flops_per_sample() * BATCH / (seconds * 8192) / 1e12:.0f}"])
+bare_label = replace(theirs, recompute=False).label()
+print(tr(f"Llama 3 405B, {bare_label}, on 8,192 H100s at 989 TFLOP/s:",
+         f"Llama 3 405B、{bare_label}、8,192枚の H100、989 TFLOP/s:"))
+print(table(recompute_rows, [("attention keeps", "アテンションが保存するもの"), ("recomputation", "再計算"), "GB",
+                             "TFLOP/s"], indent=2))
+
+# %%
+assert recompute_gb["flash", "selective"] == recompute_gb["flash", False] > 80  # nothing to drop: still too large
+assert recompute_gb["scores", "selective"] == recompute_gb["flash", False]  # dropping the scores = a fused kernel
+assert recompute_gb["flash", True] < 80 and 500 < recompute_gb["scores", False] < 600  # the sentence below
+
 # %% [markdown]
 # <!-- en -->
 # Where the planner agrees with the published runs:
@@ -1163,9 +1189,14 @@ assert round(scores, 2) == 0.57
 #
 # - **Recomputation.** Under the planner's count none of the three published layouts fits in 80 GB without
 #   recomputing activations (135 and 96 GB per rank), and with full recomputation they fit with room to spare
-#   (about 20 GB). The truth lies between: production systems recompute only selected parts of a block (the
-#   attention's softmax, in Korthikanti et al.) and keep the rest, which the planner's all-or-nothing switch
-#   cannot express; full recomputation costs a third more compute, which makes the predicted rates low.
+#   (about 21 GB). Selective recomputation (`recompute="selective"`; Korthikanti et al. drop the attention's
+#   `s x s` softmax and dropout tensors and recompute them in the backward pass) does not close the gap, as the
+#   table above shows: the published models use a fused attention kernel, which keeps no `s x s` tensors in the
+#   first place (its backward pass recomputes the scores, the same idea built into the kernel), so for them
+#   selective recomputation changes nothing; with the math kernel's scores kept, it is what brings the memory back
+#   from 539 GB per rank to the fused kernel's 135. What lies between none and full recomputation is something
+#   the planner does not model (recomputing only some of the blocks, for one); full recomputation costs a third
+#   more compute, which makes the predicted rates low.
 # - **The bubble.** With 16 sequences per replica (16,384 GPUs) `bubble_formula` charges the interleaved 16-stage
 #   pipeline `15 / (2 x 16 + 15)`, a third of the step; Llama 3 still reached 400 and 380 TFLOP/s there, so its
 #   schedule lost less than the formula for equal stages says.
@@ -1192,7 +1223,7 @@ assert round(scores, 2) == 0.57
 #
 # 一致しない点:
 #
-# - **再計算。** プランナーの数え方では、公表された 3つのレイアウトはどれも、活性化を再計算しなければ 80 GB に収まりません（ランクあたり 135 GB と 96 GB）。すべて再計算すると、余裕をもって収まります（約 20 GB）。実際はその間にあります。実用のシステムはブロックの一部だけを再計算し（Korthikanti らではアテンションの softmax）、残りは保存しますが、プランナーの「全部かなしか」の切り替えではこれを表せません。全部の再計算は計算を 3分の 1 増やすので、予測する速さは低めになります。
+# - **再計算。** プランナーの数え方では、公表された 3つのレイアウトはどれも、活性化を再計算しなければ 80 GB に収まりません（ランクあたり 135 GB と 96 GB）。すべて再計算すると、余裕をもって収まります（約 21 GB）。選択的な再計算（`recompute="selective"`。Korthikanti らは、アテンションの `s x s` の softmax とドロップアウトのテンソルを保存せず、逆伝播で計算し直します）では、上の表のとおり、この差は埋まりません。公表されたモデルはアテンションの融合カーネルを使っていて、そもそも `s x s` のテンソルを保存しないからです（そのカーネルの逆伝播はスコアを計算し直します。同じ考え方がカーネルに組み込まれています）。そのため、これらのモデルでは選択的な再計算で何も変わりません。math カーネルのようにスコアを保存する場合には、選択的な再計算こそが、ランクあたりのメモリを 539 GB から融合カーネルの 135 GB まで戻します。再計算なしとすべての再計算の間にあるものは、プランナーが表していない方法です（たとえば一部のブロックだけを再計算する方法）。すべての再計算は計算を 3分の 1 増やすので、予測する速さは低めになります。
 # - **バブル。** レプリカあたり系列 16本（16,384枚の GPU）では、`bubble_formula` はインターリーブした 16ステージのパイプラインに `15 / (2 x 16 + 15)`、つまりステップの 3分の 1 を課します。それでも Llama 3 はそこで 400 と 380 TFLOP/s を出したので、そのスケジュールの損失は、等しいステージを仮定した式が示すより小さかったことになります。
 # - **速さそのもの。** 計算を 400 TFLOP/s で数えると、予測したモデルの FLOP/s は公表値の 430、400、380 を大きく下回ります。これは当然です。Llama 3 の 400 はバブルも通信も含めた最終的な速さで、プランナーはその上に自分の分を加えるからです。データシートの 989 TFLOP/s で数えると、予測は公表値の近くに来ます。8,192枚と長いコンテキストでは公表値より上、16,384枚ではわずかに下です。実際のカーネルはピークよりかなり遅いのに、そうなります。プランナーは、公表された訓練が払ったよりも大きなバブルと多くの再計算をパイプラインに課しているからです（スケジュールとメモリの節約の工夫は、それぞれの訓練独自のものです）。
 # - **長いコンテキストは、同じ GPU での 8K の訓練より速いと予測されますが、実際は遅くなりました。** 131,072トークンでは、スコア `Q K^T` と `A V` がプランナーの数えるブロックの FLOP 数の 57% を占め、プランナーはそのすべてを全速で数えます。因果的なモデルが計算する `s x s` のスコアは半分だけで、リングアテンションのブロックは系列をうまく分けないと偏り（11章）、アテンションのカーネルは大きな行列の積よりピークから遠いところで動きます。どれも式には入っていません。
