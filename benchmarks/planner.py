@@ -88,7 +88,8 @@ def reference(h, data):
 
 
 def median_report(reports):
-    """One report of the runs' medians: each layout's peak memory and median step, and the inputs' link and FLOP/s."""
+    """One report of the runs' medians: each layout's peak memory and median step, the fits of the run with the
+    median all-reduce alpha, and the median FLOP/s."""
     def mid(values):
         return sorted(values)[len(values) // 2]
     first = reports[0]
@@ -99,8 +100,10 @@ def median_report(reports):
         memory = dict(r["memory"], peak=mid([x["memory"]["peak"] for x in runs]))
         layouts_out.append(dict(r, step=step, memory=memory))
     by_alpha = sorted(reports, key=lambda rep: rep["inputs"]["link"]["alpha"])
-    inputs = dict(first["inputs"], flops_per_s=mid([rep["inputs"]["flops_per_s"] for rep in reports]),
-                  link=by_alpha[len(by_alpha) // 2]["inputs"]["link"])  # the run with the median alpha, its own beta
+    # the fits of the run whose all-reduce alpha is the median (each kind's alpha with its own beta), and the
+    # median FLOP/s of the runs
+    inputs = dict(by_alpha[len(by_alpha) // 2]["inputs"], flops_per_s=mid([rep["inputs"]["flops_per_s"]
+                                                                           for rep in reports]))
     return {"layouts": layouts_out, "inputs": inputs}
 
 

@@ -35,7 +35,7 @@ from .lang import tr
 from .planner import Cluster, Layout, ModelShape, by_kind, collectives, memory_per_rank, step_time, tp_layers
 from .rendezvous import device
 from .ring_attention import ring_attention, shard_sequence
-from .sharding import CollectiveLog, training_tensors
+from .sharding import CollectiveLog, tensor_collectives, training_tensors
 from .timing import measure
 from .vit import vit
 
@@ -436,47 +436,74 @@ def vit_of(config):
 
 # The planner's inputs, measured on the same ranks -------------------------------------------------------------------
 
-def measure_inputs(sizes=(2**12, 2**16, 2**20), groups=(2, 4, 8), matmul=(512, 128, 512), repeats=5):
-    """Alpha-beta of all-reduces on groups of each size and the FLOP/s of one rank, all ranks at once. Explained in 12_planning.
+def _kind_calls(group):
+    """Each kind of call the layouts make, as ``fn(x)`` on a whole tensor ``x``, in ``group``."""
+    g, rank = dist.get_world_size(group), dist.get_rank(group)
+    peer = lambda r: dist.get_global_rank(group, r % g)  # noqa: E731
 
-    For each group size ``g``, the ranks form ``world / g`` groups of neighbours, and every group all-reduces at
-    the same time, as the groups of a layout do (:func:`mparlib.collectives.time_collective`: a barrier before
-    each call, the slowest rank's time). ``fits[g]``: chapter 08's ``fit_alpha_beta`` on the message bytes;
-    ``link``: one fit over all groups on the bytes each rank sends in a ring (``2 (g - 1) / g`` of the message),
-    the form the planner's :class:`~mparlib.planner.Cluster` takes. ``flops_per_s``: an ``(m, k) x (k, n)``
-    matrix product timed on every rank at once (``2 m k n`` FLOPs over the slowest rank's median).
+    def exchange(x):  # a send to the next rank and a receive from the previous one, posted together
+        received = torch.empty_like(x)
+        for request in dist.batch_isend_irecv([dist.P2POp(dist.isend, x, peer(rank + 1), group),
+                                               dist.P2POp(dist.irecv, received, peer(rank - 1), group)]):
+            request.wait()
+
+    reduce_scatter, all_gather = tensor_collectives()
+    return {"all_reduce": lambda x: dist.all_reduce(x, group=group),
+            "all_gather": lambda x: all_gather(x, x[:x.numel() // g].clone(), group=group),
+            "reduce_scatter": lambda x: reduce_scatter(x[:x.numel() // g].clone(), x, group=group),
+            "send": exchange}
+
+
+def measure_inputs(sizes=(2**12, 2**16, 2**20), groups=(2, 4, 8), matmul=(512, 128, 512), repeats=5):
+    """Alpha-beta of each kind of call on groups of each size and the FLOP/s of one rank, all ranks at once. Explained in 12_planning.
+
+    For each group size ``g``, the ranks form ``world / g`` groups of neighbours, and every group calls at the same
+    time, as the groups of a layout do (:func:`mparlib.collectives.time_collective`: a barrier before each call,
+    the slowest rank's time): all-reduces, all-gathers, reduce-scatters and sends to the next rank (with a receive
+    from the previous one), on whole tensors of ``sizes`` bytes. ``fits[g]``: chapter 08's ``fit_alpha_beta`` of
+    the all-reduces on the message bytes; ``link``: one fit of the all-reduces over all groups on the bytes each
+    rank sends in a ring (``2 (g - 1) / g`` of the message), the form the planner's
+    :class:`~mparlib.planner.Cluster` takes; ``kinds``: the same fit for each kind (sent bytes ``(g - 1) / g`` of an
+    all-gather's or reduce-scatter's whole tensor, all of a send). ``flops_per_s``: an ``(m, k) x (k, n)`` matrix
+    product timed on every rank at once (``2 m k n`` FLOPs over the slowest rank's median).
     """
     rows, world = [], dist.get_world_size()
+    share = {"all_reduce": lambda g: 2 * (g - 1) / g, "all_gather": lambda g: (g - 1) / g,
+             "reduce_scatter": lambda g: (g - 1) / g, "send": lambda g: 1}
     for g in groups:
         mine, _ = dist.new_subgroups(group_size=g)
-        for n in sizes:
-            timing = time_collective(lambda x: dist.all_reduce(x, group=mine), n // 4, min_seconds=0,
-                                     min_repeats=repeats, max_repeats=repeats)
-            rows.append({"group": g, "groups": world // g, "bytes": n // 4 * 4, "sent_bytes": 2 * (g - 1) / g * n,
-                         **timing.summary()})
-    fits = {g: fit_alpha_beta([r["bytes"] for r in rows if r["group"] == g],
-                              [r["median"] for r in rows if r["group"] == g]) for g in groups}
-    link = fit_alpha_beta([r["sent_bytes"] for r in rows], [r["median"] for r in rows])
+        for kind, fn in _kind_calls(mine).items():
+            for n in sizes:
+                timing = time_collective(fn, n // 4, min_seconds=0, min_repeats=repeats, max_repeats=repeats)
+                rows.append({"kind": kind, "group": g, "groups": world // g, "bytes": n // 4 * 4,
+                             "sent_bytes": share[kind](g) * n, **timing.summary()})
+    reduces = [r for r in rows if r["kind"] == "all_reduce"]
+    fits = {g: fit_alpha_beta([r["bytes"] for r in reduces if r["group"] == g],
+                              [r["median"] for r in reduces if r["group"] == g]) for g in groups}
+    kinds = {kind: fit_alpha_beta([r["sent_bytes"] for r in rows if r["kind"] == kind],
+                                  [r["median"] for r in rows if r["kind"] == kind]) for kind in share}
     m, k, n = matmul
     a, b = torch.randn(m, k, device=device()), torch.randn(k, n, device=device())
     timing = measure(lambda: torch.mm(a, b), warmup=1, min_seconds=0, min_repeats=repeats, max_repeats=repeats,
                      before=dist.barrier, across=slowest)
-    return {"all_reduce": rows, "fits": fits, "link": link, "matmul": {"shape": list(matmul), **timing.summary()},
-            "flops_per_s": 2 * m * k * n / timing.median, "world": world,
-            "memory_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / world}
+    return {"all_reduce": reduces, "calls": rows, "fits": fits, "link": kinds["all_reduce"], "kinds": kinds,
+            "matmul": {"shape": list(matmul), **timing.summary()}, "flops_per_s": 2 * m * k * n / timing.median,
+            "world": world, "memory_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / world}
 
 
 def measured_cluster(inputs, memory_bytes=None):
     """The planner's :class:`~mparlib.planner.Cluster` of this machine from :func:`measure_inputs`. Explained in 12_planning.
 
-    One machine has no link between nodes: both links get the same measured alpha and beta. ``memory_bytes`` per
-    rank defaults to the machine's memory shared out (``inputs["memory_bytes"]``).
+    One machine has no link between nodes: both links get the same measured alpha and beta (the all-reduces'), and
+    each kind of call its own (``kind_costs``, from ``inputs["kinds"]``). ``memory_bytes`` per rank defaults to the
+    machine's memory shared out (``inputs["memory_bytes"]``).
     """
     memory_bytes = inputs["memory_bytes"] if memory_bytes is None else memory_bytes
     link = inputs["link"]
+    kinds = tuple((kind, fit["alpha"], fit["beta"]) for kind, fit in inputs["kinds"].items())
     return Cluster(devices_per_node=inputs["world"], memory_bytes=memory_bytes, flops_per_s=inputs["flops_per_s"],
                    alpha_intra=link["alpha"], beta_intra=link["beta"], alpha_inter=link["alpha"],
-                   beta_inter=link["beta"], name="this machine")
+                   beta_inter=link["beta"], name="this machine", kind_costs=kinds)
 
 
 def predict(config, layout, global_batch, cluster):
@@ -570,6 +597,7 @@ def compare(config, report, global_batch, memory_goal=0.10, order_goal=0.8):
                      "predicted_time_parts": p["time"], "busy": r["step"]["busy"]})
     rho = spearman([r["predicted_ms"] for r in rows], [r["measured_ms"] for r in rows])
     worst = max(abs(r["memory_error"]) for r in rows)
-    return {"rows": rows, "cluster": {k: getattr(cluster, k) for k in ("flops_per_s", "alpha_intra", "beta_intra")},
+    return {"rows": rows, "cluster": {k: getattr(cluster, k) for k in ("flops_per_s", "alpha_intra", "beta_intra",
+                                                                      "kind_costs")},
             "goals": {"memory_within": {"target": memory_goal, "worst": worst, "met": worst <= memory_goal},
                       "time_order": {"spearman": rho, "target": order_goal, "met": rho >= order_goal}}}

@@ -263,7 +263,9 @@ class Cluster:
 
     ``memory_bytes`` and ``flops_per_s`` per device (the achieved FLOP/s of training, not the data sheet's peak);
     each link is chapter 08's alpha-beta model: ``alpha`` seconds per collective, ``beta`` seconds per byte one
-    rank sends (1 / bandwidth in one direction).
+    rank sends (1 / bandwidth in one direction). ``kind_costs``: ``((kind, alpha, beta), ...)`` for kinds of call
+    measured on their own (a send to one neighbour costs less than an all-reduce on the same link); a kind not
+    listed is priced by the link.
     """
 
     devices_per_node: int
@@ -274,6 +276,7 @@ class Cluster:
     alpha_inter: float
     beta_inter: float
     name: str = "cluster"
+    kind_costs: tuple = ()
 
     def __post_init__(self):
         positive_int(self.devices_per_node, "devices_per_node", 8, "Cluster")
@@ -281,6 +284,13 @@ class Cluster:
             finite_float(getattr(self, field), field, 8e10, "Cluster")
         for field in ("alpha_intra", "beta_intra", "alpha_inter", "beta_inter"):
             finite_float(getattr(self, field), field, 1e-9, "Cluster", minimum=0)
+        for entry in self.kind_costs:
+            if not (isinstance(entry, tuple) and len(entry) == 3):
+                _refuse(f"Cluster: kind_costs holds (kind, alpha, beta) triples, not {entry!r}.",
+                        f"Cluster: kind_costs には (kind, alpha, beta) の組を入れてください（{entry!r} ではなく）。")
+            one_of(entry[0], "kind", tuple(_SENT), "Cluster.kind_costs")
+            for value, field in zip(entry[1:], ("alpha", "beta")):
+                finite_float(value, field, 1e-9, "Cluster.kind_costs", minimum=0)
 
     @classmethod
     def h100(cls, flops_per_s=400e12, alpha=0.0):
@@ -676,8 +686,13 @@ class Collective:
         return self.bytes * _SENT[self.kind](self.ranks)
 
     def seconds(self, cluster):
-        """Chapter 08's model: ``calls x alpha + sent_bytes x beta`` on the group's link (a receive: 0)."""
-        return collective_seconds(cluster, self.span, 0 if self.kind == "recv" else self.calls, self.sent_bytes)
+        """Chapter 08's model: ``calls x alpha + sent_bytes x beta``, with this kind's own alpha and beta where the
+        cluster lists them (``Cluster.kind_costs``), else the group's link; a receive: 0."""
+        calls = 0 if self.kind == "recv" else self.calls
+        for kind, alpha, beta in cluster.kind_costs:
+            if kind == self.kind:
+                return calls * alpha + self.sent_bytes * beta
+        return collective_seconds(cluster, self.span, calls, self.sent_bytes)
 
 
 def _padded(shapes, k):

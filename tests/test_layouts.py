@@ -137,3 +137,18 @@ def test_the_prediction_uses_the_planner_on_the_same_layout():
     layout = planner.Layout(dp=4, zero=3, tp=2)
     assert got["memory"]["total"] == planner.memory_per_rank(model, layout, 32).total
     assert got["time"]["total"] == planner.step_time(model, layout, 32, cluster).total
+
+
+@pytest.mark.slow
+def test_the_planners_inputs_fit_each_kind_of_call_and_price_it():
+    inputs = launch(layouts.measure_inputs, 2, kwargs={"sizes": (4096, 65536), "groups": (2,), "matmul": (64, 32, 64),
+                                                      "repeats": 2}, echo=False, timeout=120)
+    assert set(inputs["kinds"]) == {"all_reduce", "all_gather", "reduce_scatter", "send"}
+    assert len(inputs["calls"]) == 4 * 2 and inputs["link"] == inputs["kinds"]["all_reduce"]
+    assert [r["sent_bytes"] for r in inputs["calls"] if r["kind"] == "send"] == [4096, 65536]  # all of a send
+    assert [r["sent_bytes"] for r in inputs["calls"] if r["kind"] == "all_gather"] == [2048, 32768]  # (g - 1) / g
+    cluster = layouts.measured_cluster(inputs, memory_bytes=1e9)
+    fit = inputs["kinds"]["send"]
+    send = planner.Collective("pp", "send", 3, 3 * 4096.0, 2, 2)
+    assert send.seconds(cluster) == pytest.approx(3 * fit["alpha"] + 3 * 4096 * fit["beta"])
+    assert {k for k, _, _ in cluster.kind_costs} == set(inputs["kinds"]) and inputs["flops_per_s"] > 0

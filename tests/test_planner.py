@@ -441,3 +441,16 @@ def test_selective_recomputation_drops_the_scores_and_recomputes_them():
     for bad in (1, "full", None):
         with pytest.raises(ConfigError, match="recompute"):
             planner.Layout(recompute=bad)
+
+
+def test_a_kind_measured_on_its_own_is_priced_by_its_own_alpha_and_beta():
+    base = cluster(devices_per_node=8)
+    sends = planner.Collective("pp", "send", 4, 4000.0, 2, 8)
+    gathers = planner.Collective("dp", "all_gather", 3, 8000.0, 4, 8)
+    assert sends.seconds(base) == pytest.approx(4 * 1e-5 + 4000 * 1e-9)  # the link: alpha per call, all bytes sent
+    own = planner.Cluster(**{**base.__dict__, "kind_costs": (("send", 2e-6, 5e-10),)})
+    assert sends.seconds(own) == pytest.approx(4 * 2e-6 + 4000 * 5e-10)
+    assert gathers.seconds(own) == gathers.seconds(base) == pytest.approx(3 * 1e-5 + 8000 * 3 / 4 * 1e-9)
+    assert planner.Collective("pp", "recv", 4, 4000.0, 2, 8).seconds(own) == 0  # the other half of a send
+    with pytest.raises(ConfigError, match="kind"):
+        planner.Cluster(**{**base.__dict__, "kind_costs": (("sendrecv", 1e-6, 1e-9),)})
