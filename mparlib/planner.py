@@ -558,8 +558,9 @@ def memory_per_rank(model, layout, global_batch, precision="fp32", optimizer="ad
     micro-batch on this rank (``seq / cp`` of each sample), for each block of its stage, for the micro-batches in
     flight (:func:`in_flight`); with ``recompute="selective"``, without the attention's ``s x s`` tensors (what a
     fused kernel keeps: one log-sum-exp per head and token); with ``recompute=True``, only each block's input, plus
-    one block in full (``regather``: as :func:`activation_bytes_per_layer`). When it also holds the last stage it adds the output scores of one
-    micro-batch with their float32 copy for the loss (``tokens x outputs / tp x (e + 4)``).
+    one block in full (``regather``: as :func:`activation_bytes_per_layer`). When it also holds the last stage it
+    adds the output scores of one micro-batch with their float32 copy for the loss (``tokens x outputs / tp x
+    (e + 4)``).
 
     Under ZeRO-3 (FSDP) without a pipeline, ``gathered`` adds what chapter 09 measured FSDP2 to hold whole at a
     time: two blocks' parameters (the one computing and the one prefetched) and one block's gradients before their
