@@ -9,6 +9,7 @@ module builds a layout from the pieces of chapters 09-11 (FSDP2's ``fully_shard`
 training steps on it, and measures a step's peak memory (:class:`StepMemory`) and time
 (:func:`mparlib.timing.measure`), plus the planner's inputs on the same ranks (:func:`measure_inputs`).
 """
+import collections
 import functools
 import math
 import os
@@ -204,7 +205,9 @@ class StepMemory(TorchDispatchMode):
     operator and ``peak_op`` the operator's number. The total only grows when an operator creates a storage, so
     this is the exact peak of what lives across operators. Pass ``parts_at=peak_op`` in a second, identical step to
     get ``parts``, the split at that moment into ``params``, ``grads``, ``optimizer`` and ``other`` (activations,
-    temporaries, buffers of collectives). DTensors count their local shards, as everywhere in the course.
+    temporaries, buffers of collectives). ``sizes_at_peak``: how many storages of each size were live at the peak,
+    ``{bytes: count}``, which names the buffers a peak is made of. DTensors count their local shards, as everywhere
+    in the course.
 
     A collective's buffer is freed by whichever thread lets go of it last: gloo's worker thread may still hold it
     for a moment after the call has returned, and then frees it (and this count drops it) there, later. The total
@@ -215,6 +218,7 @@ class StepMemory(TorchDispatchMode):
         super().__init__()
         self.model, self.optimizer, self.parts_at = model, optimizer, parts_at
         self.live, self.total, self.ops, self.peak, self.peak_op, self.parts = {}, 0, 0, 0, 0, None
+        self.sizes_at_peak = {}
         self.lock = threading.RLock()  # re-entrant: a storage may be freed on this thread while it adds another
 
     def _add(self, t):
@@ -228,6 +232,10 @@ class StepMemory(TorchDispatchMode):
             self.live[key] = nbytes
             self.total += nbytes
         weakref.finalize(storage, self._drop, key)
+
+    def _sizes(self):
+        with self.lock:
+            return dict(collections.Counter(self.live.values()))
 
     def _drop(self, key):
         with self.lock:
@@ -251,7 +259,7 @@ class StepMemory(TorchDispatchMode):
         for tensors in training_tensors(self.model, self.optimizer).values():
             for t in tensors:
                 self._add(t)
-        self.peak = self.total
+        self.peak, self.sizes_at_peak = self.total, self._sizes()
         return out
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -260,7 +268,7 @@ class StepMemory(TorchDispatchMode):
             self._add(t)
         self.ops += 1
         if self.total > self.peak:
-            self.peak, self.peak_op = self.total, self.ops
+            self.peak, self.peak_op, self.sizes_at_peak = self.total, self.ops, self._sizes()
         if self.ops == self.parts_at:
             self.parts = self.split()
         return out
@@ -389,7 +397,8 @@ def run_layout(config, layout, batches, *, lr=0.05, adam_lr=1e-3, timed=3, seed=
     check (``losses``: the global mean loss of each step); then Adam: one warm-up step (Adam creates its state),
     two identical steps inside :class:`StepMemory` (``memory``: the largest rank's ``peak`` of all it holds, the
     split of that peak into parameters, gradients, optimizer state and other, each rank's peak, and each rank's
-    peak in the repeated step, the same but for a collective's buffer freed late: :class:`StepMemory`), one more
+    peak in the repeated step, the same but for a collective's buffer freed late: :class:`StepMemory`; and each
+    rank's ``sizes_at_peak``), one more
     inside chapter 09's :class:`~mparlib.sharding.CollectiveLog` (``collectives``: for each rank its pipeline
     stage and its calls and bytes by kind), and
     ``timed`` steps after one more warm-up, each between barriers (``step``: the summary of a
@@ -417,13 +426,14 @@ def run_layout(config, layout, batches, *, lr=0.05, adam_lr=1e-3, timed=3, seed=
         trainer.step(x, y, adam)
     every = [None] * dist.get_world_size()
     dist.all_gather_object(every, {"peak": first.peak, "again": second.peak, "parts": second.parts,
+                                   "sizes": first.sizes_at_peak,
                                    "stage": mesh["pp"].get_local_rank(), "collectives": log.summary()})
     top = max(every, key=lambda r: r["peak"])
     timing = measure(lambda: trainer.step(x, y, adam), warmup=0, min_seconds=0, min_repeats=timed,
                      max_repeats=timed, before=dist.barrier, across=slowest)
     return {"layout": layout, "name": name_of(layout), "losses": losses,
             "memory": {"peak": top["peak"], "parts": top["parts"], "per_rank": [r["peak"] for r in every],
-                       "repeated": [r["again"] for r in every]},
+                       "repeated": [r["again"] for r in every], "sizes_at_peak": [r["sizes"] for r in every]},
             "collectives": [{"stage": r["stage"], **r["collectives"]} for r in every],
             "step": timing.summary()}
 

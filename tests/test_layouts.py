@@ -97,6 +97,8 @@ def test_step_memory_finds_the_same_peak_as_chapter_9s_peak_memory():
     with second:
         step()
     assert first.peak == second.peak == reference.peak_all
+    assert sum(size * n for size, n in first.sizes_at_peak.items()) == first.peak  # what the peak is made of
+    assert first.sizes_at_peak.get(4 * 256 * 64, 0) >= 2  # among it: fc1's weight and its gradient (256 x 64)
     assert sum(second.parts.values()) == first.peak
     assert second.parts["params"] == 4 * sum(p.numel() for p in model.parameters())
 
