@@ -954,11 +954,11 @@ print(tr("parameters and optimizer state per rank: measured = planner (+ Adam's 
 #   dp 8 40 < dp 2 x cp 2 x pp 2 170 < fsdp 8 173 < fsdp 4 x tp 2 204 < fsdp 2 x tp 2 x pp 2 225. The order holds
 #   because each kind of call is priced by its own fit: a send cost 2.0 ms a call here against an all-reduce's
 #   3.5 ms, and an all-gather or reduce-scatter moved a byte at 0.08 to 0.09 GB/s against an all-reduce's 0.40
-#   on gloo. Priced instead with the all-reduce's alpha and beta for every call, an earlier
-#   run (`planner-vm-20261208-004344.json`) ranked dp 2 x cp 2 x pp 2 last and reached 0.3. Three later runs of the
-#   same code (`...013738.json`, `...014047.json`, `...014542.json`) reached 0.8 each, the goal and no more. The order is fragile:
-#   dp 2 x cp 2 x pp 2 and fsdp 8 are predicted 2% apart, and every fit on this machine missed some of its own
-#   points by 51 to 79%. The seconds are off by more: the measured steps are 0.9 (dp 2 x cp 2 x pp 2) to 2.6
+#   on gloo. Priced instead with the all-reduce's alpha and beta for every call, an earlier run
+#   (`planner-vm-20261208-004344.json`) ranked dp 2 x cp 2 x pp 2 last and reached 0.3. Three later runs of the
+#   same code (`...013738.json`, `...014047.json`, `...014542.json`) reached 0.8 each, the goal and no more. The
+#   order is fragile: dp 2 x cp 2 x pp 2 and fsdp 8 are predicted 2% apart, and every fit on this machine missed
+#   some of its own points by 51 to 79%. The seconds are off by more: the measured steps are 0.9 (dp 2 x cp 2 x pp 2) to 2.6
 #   (dp 8) times the prediction, time on 2 shared cores that no count of calls and bytes contains.
 #
 # A planner that counts from the code it plans for gets the calls and the bytes right by construction, and the
