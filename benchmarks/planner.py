@@ -32,6 +32,7 @@ kind, first pipeline rank), "predicted_collective_bytes", "measured_collective_b
 import argparse
 import sys
 import time
+from statistics import median_high
 from pathlib import Path
 
 import torch
@@ -90,20 +91,16 @@ def reference(h, data):
 def median_report(reports):
     """One report of the runs' medians: each layout's peak memory and median step, the fits of the run with the
     median all-reduce alpha, and the median FLOP/s."""
-    def mid(values):
-        return sorted(values)[len(values) // 2]
-    first = reports[0]
     layouts_out = []
-    for i, r in enumerate(first["layouts"]):
-        runs = [rep["layouts"][i] for rep in reports]
-        step = dict(r["step"], median=mid([x["step"]["median"] for x in runs]))
-        memory = dict(r["memory"], peak=mid([x["memory"]["peak"] for x in runs]))
-        layouts_out.append(dict(r, step=step, memory=memory))
-    by_alpha = sorted(reports, key=lambda rep: rep["inputs"]["link"]["alpha"])
+    for runs in zip(*(rep["layouts"] for rep in reports)):  # one layout in every run
+        step = dict(runs[0]["step"], median=median_high(x["step"]["median"] for x in runs))
+        memory = dict(runs[0]["memory"], peak=median_high(x["memory"]["peak"] for x in runs))
+        layouts_out.append(dict(runs[0], step=step, memory=memory))
     # the fits of the run whose all-reduce alpha is the median (each kind's alpha with its own beta), and the
     # median FLOP/s of the runs
-    inputs = dict(by_alpha[len(by_alpha) // 2]["inputs"], flops_per_s=mid([rep["inputs"]["flops_per_s"]
-                                                                           for rep in reports]))
+    alpha = median_high(rep["inputs"]["link"]["alpha"] for rep in reports)
+    inputs = next(rep["inputs"] for rep in reports if rep["inputs"]["link"]["alpha"] == alpha)
+    inputs = dict(inputs, flops_per_s=median_high(rep["inputs"]["flops_per_s"] for rep in reports))
     return {"layouts": layouts_out, "inputs": inputs}
 
 
@@ -129,24 +126,24 @@ def main(argv=None):
                                        atol=h["tolerance"])
     report = median_report(reports)
     compared = layouts.compare(h["model"], report, h["global_batch"], h["memory_goal"], h["order_goal"])
-    mismatches = {r["name"]: [m for rep in reports for m in layouts.collective_mismatches(
-        h["model"], next(x for x in rep["layouts"] if x["name"] == r["name"]), h["global_batch"], h["bytes_tolerance"])]
-        for r in report["layouts"]}
+    every_run = list(zip(*(rep["layouts"] for rep in reports)))  # each layout's result in every run
+    mismatches = {runs[0]["name"]: [m for run in runs for m in layouts.collective_mismatches(
+        h["model"], run, h["global_batch"], h["bytes_tolerance"])] for runs in every_run}
     rows = []
-    for r, c in zip(report["layouts"], compared["rows"]):
+    for r, c, runs in zip(report["layouts"], compared["rows"], every_run):
         predicted = layouts.predicted_collectives(h["model"], r["layout"], h["global_batch"], 0)
         counted = {k: v for k, v in next(x for x in r["collectives"] if x["stage"] == 0).items() if k != "stage"}
         rows.append({"layout": c["layout"], "world_size": h["world"],
                      "predicted_bytes_per_rank": c["predicted_bytes_per_rank"],
                      "measured_bytes_per_rank": c["measured_bytes_per_rank"],
-                     "measured_bytes_per_rank_runs": [rep["layouts"][len(rows)]["memory"]["peak"] for rep in reports],
+                     "measured_bytes_per_rank_runs": [run["memory"]["peak"] for run in runs],
                      "predicted_calls": {k: v["calls"] for k, v in predicted.items()},
                      "measured_calls": {k: v["calls"] for k, v in counted.items()},
                      "predicted_collective_bytes": {k: v["bytes"] for k, v in predicted.items()},
                      "measured_collective_bytes": {k: v["bytes"] for k, v in counted.items()},
                      "collective_mismatches": mismatches[c["layout"]],
                      "predicted_ms": c["predicted_ms"], "measured_ms": c["measured_ms"],
-                     "measured_ms_runs": [rep["layouts"][len(rows)]["step"]["median"] * 1e3 for rep in reports]})
+                     "measured_ms_runs": [run["step"]["median"] * 1e3 for run in runs]})
     goals = dict(compared["goals"])
     goals["collectives"] = {"mismatches": sum(len(m) for m in mismatches.values()), "runs": h["runs"],
                             "met": not any(mismatches.values())}

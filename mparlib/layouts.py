@@ -16,6 +16,7 @@ import os
 import threading
 import time
 import weakref
+from dataclasses import replace
 
 import torch
 import torch.distributed as dist
@@ -33,12 +34,12 @@ from .checks import one_of, positive_int
 from .collectives import fit_alpha_beta, time_collective
 from .errors import ConfigError
 from .lang import tr
-from .planner import Cluster, Layout, ModelShape, by_kind, collectives, memory_per_rank, step_time, tp_layers
+from .planner import Cluster, Collective, Layout, ModelShape, by_kind, collectives, memory_per_rank, step_time, tp_layers
 from .rendezvous import device
-from .ring_attention import ring_attention, shard_sequence
+from .ring_attention import ring_attention, ring_exchange, shard_sequence
 from .sharding import CollectiveLog, tensor_collectives, training_tensors
 from .timing import measure
-from .vit import vit
+from .vit import SIZES, vit
 
 MESH_DIMS = ("pp", "dp", "cp", "tp")  # outermost first: ranks next to each other share a tp group
 STYLES = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}  # DTensor's form of each style of planner.TP_PLAN
@@ -102,7 +103,7 @@ def check_split(config, layout, global_batch):
     global batch into ``dp x micro_batches`` equal micro-batches), and the blocks into ``pp`` stages of equal
     size: the planner counts a stage's collectives and memory for equal stages.
     """
-    model = ModelShape.from_vit(vit_of(config).config)
+    model = _shape_of(config)
     Layout(**layout).check(model, global_batch)
     if model.layers % layout["pp"]:
         fits = [str(p) for p in range(1, model.layers + 1) if model.layers % p == 0]
@@ -444,17 +445,21 @@ def vit_of(config):
     return vit(config.pop("size", "smoke"), **config)
 
 
+def _shape_of(config):
+    """The planner's ``ModelShape`` of the ViT ``config``, without building the model."""
+    config = dict(config)
+    return ModelShape.from_vit(replace(SIZES[one_of(config.pop("size", "smoke"), "size", tuple(SIZES), "vit")],
+                                       **config))
+
+
 # The planner's inputs, measured on the same ranks -------------------------------------------------------------------
 
 def _kind_calls(group):
     """Each kind of call the layouts make, as ``fn(x)`` on a whole tensor ``x``, in ``group``."""
-    g, rank = dist.get_world_size(group), dist.get_rank(group)
-    peer = lambda r: dist.get_global_rank(group, r % g)  # noqa: E731
+    g = dist.get_world_size(group)
 
-    def exchange(x):  # a send to the next rank and a receive from the previous one, posted together
-        received = torch.empty_like(x)
-        for request in dist.batch_isend_irecv([dist.P2POp(dist.isend, x, peer(rank + 1), group),
-                                               dist.P2POp(dist.irecv, received, peer(rank - 1), group)]):
+    def exchange(x):  # chapter 11's ring step: a send to the next rank and a receive from the previous one
+        for request in ring_exchange([x], group)[1]:
             request.wait()
 
     reduce_scatter, all_gather = tensor_collectives()
@@ -478,25 +483,25 @@ def measure_inputs(sizes=(2**12, 2**16, 2**20), groups=(2, 4, 8), matmul=(512, 1
     product timed on every rank at once (``2 m k n`` FLOPs over the slowest rank's median).
     """
     rows, world = [], dist.get_world_size()
-    share = {"all_reduce": lambda g: 2 * (g - 1) / g, "all_gather": lambda g: (g - 1) / g,
-             "reduce_scatter": lambda g: (g - 1) / g, "send": lambda g: 1}
     for g in groups:
         mine, _ = dist.new_subgroups(group_size=g)
         for kind, fn in _kind_calls(mine).items():
             for n in sizes:
                 timing = time_collective(fn, n // 4, min_seconds=0, min_repeats=repeats, max_repeats=repeats)
+                sent = Collective("dp", kind, 1, n // 4 * 4, g, g).sent_bytes  # the planner's ring traffic
                 rows.append({"kind": kind, "group": g, "groups": world // g, "bytes": n // 4 * 4,
-                             "sent_bytes": share[kind](g) * n, **timing.summary()})
-    reduces = [r for r in rows if r["kind"] == "all_reduce"]
-    fits = {g: fit_alpha_beta([r["bytes"] for r in reduces if r["group"] == g],
-                              [r["median"] for r in reduces if r["group"] == g]) for g in groups}
+                             "sent_bytes": sent, **timing.summary()})
+    fits = {g: fit_alpha_beta([r["bytes"] for r in rows if r["kind"] == "all_reduce" and r["group"] == g],
+                              [r["median"] for r in rows if r["kind"] == "all_reduce" and r["group"] == g])
+            for g in groups}
     kinds = {kind: fit_alpha_beta([r["sent_bytes"] for r in rows if r["kind"] == kind],
-                                  [r["median"] for r in rows if r["kind"] == kind]) for kind in share}
+                                  [r["median"] for r in rows if r["kind"] == kind]) for kind in dict.fromkeys(
+                                      r["kind"] for r in rows)}
     m, k, n = matmul
     a, b = torch.randn(m, k, device=device()), torch.randn(k, n, device=device())
     timing = measure(lambda: torch.mm(a, b), warmup=1, min_seconds=0, min_repeats=repeats, max_repeats=repeats,
                      before=dist.barrier, across=slowest)
-    return {"all_reduce": reduces, "calls": rows, "fits": fits, "link": kinds["all_reduce"], "kinds": kinds,
+    return {"calls": rows, "fits": fits, "link": kinds["all_reduce"], "kinds": kinds,
             "matmul": {"shape": list(matmul), **timing.summary()}, "flops_per_s": 2 * m * k * n / timing.median,
             "world": world, "memory_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / world}
 
@@ -522,7 +527,7 @@ def predict(config, layout, global_batch, cluster):
     Returns ``{"memory": {params, grads, optimizer, activations, gathered, flat_copy, total} (bytes), "time":
     {part: seconds, ..., "total"}}``, in fp32 with Adam, as :func:`run_layout` trains.
     """
-    model = ModelShape.from_vit(vit_of(config).config)
+    model = _shape_of(config)
     plan = Layout(**check_layout(layout))
     memory = memory_per_rank(model, plan, global_batch, precision="fp32", optimizer="adam")
     time = step_time(model, plan, global_batch, cluster, precision="fp32")
@@ -539,7 +544,7 @@ def predicted_collectives(config, layout, global_batch, stage=0):
     ``{kind: {"calls": n, "bytes": total}}`` per step (:func:`mparlib.planner.collectives`), the form of
     :meth:`mparlib.sharding.CollectiveLog.summary`.
     """
-    model = ModelShape.from_vit(vit_of(config).config)
+    model = _shape_of(config)
     return by_kind(collectives(model, Layout(**check_layout(layout)), global_batch, "fp32", stage))
 
 
@@ -551,9 +556,11 @@ def collective_mismatches(config, result, global_batch, tolerance=0.01):
     are not (empty when every rank agrees).
     """
     found, none = [], {"calls": 0, "bytes": 0}
+    stages = {c["stage"] for c in result["collectives"]}
+    by_stage = {s: predicted_collectives(config, result["layout"], global_batch, s) for s in stages}
     for rank, counted in enumerate(result["collectives"]):
         counted = dict(counted)
-        predicted = predicted_collectives(config, result["layout"], global_batch, counted.pop("stage"))
+        predicted = by_stage[counted.pop("stage")]
         for kind in sorted(set(predicted) | set(counted)):
             p, m = predicted.get(kind, none), counted.get(kind, none)
             if p["calls"] != m["calls"] or abs(p["bytes"] - m["bytes"]) > tolerance * max(m["bytes"], 1):

@@ -348,8 +348,10 @@ class Layout:
             positive_int(getattr(self, field), field, 2, "Layout")
         int_in(self.zero, "zero", 0, 3, 1, "Layout")
         flag(self.sp, "sp", "Layout")
-        if not any(self.recompute is c or self.recompute == c == "selective" for c in RECOMPUTE):
-            one_of(repr(self.recompute), "recompute", RECOMPUTE, "Layout")  # 1, "full", ...: refused by name
+        if not (self.recompute is False or self.recompute is True or self.recompute == "selective"):  # not 1, 0
+            _refuse(f"Layout: recompute={self.recompute!r}: use one of {', '.join(map(repr, RECOMPUTE))}.",
+                    f"Layout: recompute={self.recompute!r} は使えません。{'、'.join(map(repr, RECOMPUTE))} の"
+                    "どれかを指定してください。")
         one_of(self.schedule, "schedule", BUBBLE_SCHEDULES, "Layout")
         bubble_formula(self.pp, self.micro_batches, schedule=self.schedule, stages_per_rank=self.stages_per_rank)
         if self.sp and self.tp == 1:
@@ -543,8 +545,13 @@ def local_parameters(model, layout):
     row-split matrices and the norms are whole on every rank, as in chapter 10), experts by ``ep x tp``, the input
     table (a token table split by ``tp``) and, when it also holds the last stage, the final norm and the head.
     """
+    return _totals(rank_tensors(model, layout))
+
+
+def _totals(units):
+    """``{"dense": ..., "experts": ...}``: the parameters of :func:`rank_tensors`' units, by kind."""
     out = {"dense": 0, "experts": 0}
-    for kind, _, shapes in rank_tensors(model, layout):
+    for kind, _, shapes in units:
         out[kind] += _count(shapes)
     return out
 
@@ -575,7 +582,8 @@ def memory_per_rank(model, layout, global_batch, precision="fp32", optimizer="ad
     """
     one_of(optimizer, "optimizer", OPTIMIZERS, "memory_per_rank")
     micro = layout.check(model, global_batch)
-    local = local_parameters(model, layout)
+    units = rank_tensors(model, layout)
+    local = _totals(units)
     parts = {"params": 0.0, "grads": 0.0, "optimizer": 0.0}
     for kind, n in local.items():
         if n:
@@ -603,7 +611,7 @@ def memory_per_rank(model, layout, global_batch, precision="fp32", optimizer="ad
         gathered, parts["grads"] = whole * per["params"], whole * per["grads"]
     elif layout.zero == 3 and layout.data_ranks() > 1:  # chapter 09: FSDP gathers a block whole to compute it, and
         # prefetches the next; the block's gradients are whole until they are reduce-scattered
-        blocks = [_count(shapes) for _, role, shapes in rank_tensors(model, layout) if role == "block"]
+        blocks = [_count(shapes) for _, role, shapes in units if role == "block"]
         gathered = sum(blocks) / layers * (2 * per["params"] + per["grads"])
     elif layout.zero <= 1 and layout.data_ranks() > 1:
         flat_copy = sum(local.values()) * per["grads"]

@@ -821,7 +821,8 @@ assert mismatches == [], mismatches
 # %% tags=["nbval-ignore-output"]
 inputs = layout_report["inputs"]
 for g, fit in inputs["fits"].items():
-    times = [f"{r['bytes'] // 1024} KiB {r['median'] * 1e3:.1f} ms" for r in inputs["all_reduce"] if r["group"] == g]
+    times = [f"{r['bytes'] // 1024} KiB {r['median'] * 1e3:.1f} ms" for r in inputs["calls"]
+             if r["kind"] == "all_reduce" and r["group"] == g]
     bandwidth = (f"{fit['bandwidth'] / 1e9:.2f} GB/s" if fit["beta"] > 0  # beta 0: the sizes resolve no bandwidth
                  else tr("not resolved (beta = 0)", "求まらず（beta = 0）"))
     print(tr(f"all-reduce in groups of {g} ({inputs['world'] // g} at once): ",
